@@ -1,0 +1,26 @@
+# Lethe. `make test` installs everything into .venv and runs the suite; `make bench-engine` measures.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: install test bench-engine clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	# The CPU wheel first, pinned, so nothing pulls a CUDA build of several GB.
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e '.[test]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+bench-engine: $(STAMP)
+	$(PY) -m bench.bench_engine
+
+clean:
+	rm -rf $(VENV) .pytest_cache bench/.fixtures

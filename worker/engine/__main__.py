@@ -1,0 +1,132 @@
+"""The engine's CLI: `python -m worker.engine fixture ...` and `python -m worker.engine unlearn ...`."""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+from worker.engine.errors import EngineInputError
+from worker.engine.params import MascParams
+
+
+
+class OneLineParser(argparse.ArgumentParser):
+    def error(self, message: str):
+        self.exit(2, f"error: {message}\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = OneLineParser(prog="python -m worker.engine", description="Lethe unlearning engine")
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
+
+    fixture = commands.add_parser("fixture", help="build and train a small fixture model on records")
+    fixture.add_argument("--records", required=True)
+    fixture.add_argument("--out", required=True)
+    fixture.add_argument("--seed", type=int, default=0)
+    fixture.add_argument("--epochs", type=int, default=60)
+    fixture.add_argument("--hidden-size", type=int, default=256)
+    fixture.add_argument("--layers", type=int, default=4)
+    fixture.add_argument("--vocab-size", type=int, default=2048)
+
+    unlearn = commands.add_parser("unlearn", help="run MASC until its stop rule fires")
+    unlearn.add_argument("--model", required=True, help="a from_pretrained directory or hub id")
+    unlearn.add_argument("--forget", required=True)
+    unlearn.add_argument("--retain")
+    unlearn.add_argument("--out", required=True)
+    unlearn.add_argument("--preset")
+    unlearn.add_argument("--method", default="masc")
+    unlearn.add_argument("--device", default="auto")
+    unlearn.add_argument("--full", action="store_true", help="full fine-tuning with a frozen copy instead of LoRA")
+    unlearn.add_argument("--no-progress", action="store_true")
+    for f in dataclasses.fields(MascParams):
+        if f.name != "lora":
+            unlearn.add_argument("--" + f.name.replace("_", "-"), dest=f.name, default=None, metavar="V")
+    return parser
+
+
+def prepare_out(out: Path) -> Path:
+    """OUT must be new or empty; work happens in a sibling temporary directory moved in at the end."""
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise EngineInputError(f"--out {out}: exists and is not an empty directory")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+
+
+def commit_out(staging: Path, out: Path) -> None:
+    if out.exists():
+        out.rmdir()
+    staging.rename(out)
+
+
+def cmd_fixture(args) -> int:
+    from worker.engine.fixture import FixtureConfig, build_fixture
+    from worker.engine.records import read_records
+
+    records = read_records(args.records)
+    out = Path(args.out)
+    staging = prepare_out(out)
+    try:
+        cfg = FixtureConfig(seed=args.seed, epochs=args.epochs, hidden_size=args.hidden_size, layers=args.layers,
+                            vocab_size=args.vocab_size)
+        summary = build_fixture(records, staging, cfg, log=lambda line: print(line, file=sys.stderr))
+        commit_out(staging, out)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    print(json.dumps(summary))
+    return 0
+
+
+def cmd_unlearn(args) -> int:
+    from tqdm import tqdm
+
+    from worker.engine.loading import save_model
+    from worker.engine.records import read_records
+    from worker.engine.unlearn import run_unlearning
+
+    values = {f.name: getattr(args, f.name) for f in dataclasses.fields(MascParams)
+              if f.name != "lora" and getattr(args, f.name) is not None}
+    if args.full:
+        values["lora"] = False
+    params = MascParams.from_dict(values, preset=args.preset)
+    forget = read_records(args.forget)
+    retain = read_records(args.retain) if args.retain else []
+    out = Path(args.out)
+    staging = prepare_out(out)
+    try:
+        bar = tqdm(total=params.max_steps, unit="step", disable=args.no_progress, file=sys.stderr)
+
+        def progress(p):
+            bar.update(p["step"] - bar.n)
+            v = p["violation_rate"]
+            bar.set_postfix(loss=f"{p['losses']['total']:.4f}", V="-" if v is None else f"{v:.3f}")
+
+        outcome = run_unlearning(args.model, forget, retain, params=params, method=args.method,
+                                 device=args.device, progress=progress)
+        bar.close()
+        if outcome.model is not None:
+            save_model(outcome.model, outcome.tokenizer, staging / "model")
+        (staging / "result.json").write_text(json.dumps(outcome.result, indent=2))
+        commit_out(staging, out)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    r = outcome.result
+    print(f"stop_reason={r['stop_reason']} steps={r['steps']} V={r['final_violation_rate']} "
+          f"wall_seconds={r['wall_seconds']:.1f} out={out}")
+    return 0
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return {"fixture": cmd_fixture, "unlearn": cmd_unlearn}[args.command](args)
+    except EngineInputError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

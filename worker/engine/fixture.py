@@ -1,0 +1,122 @@
+"""Fixture models (SPEC section 10): a small Qwen2-architecture LM with a byte-level BPE tokenizer
+trained on the given records, trained until it has memorised their completions, saved with
+save_pretrained so that it loads through the same path as any Hugging Face model."""
+from __future__ import annotations
+
+import json
+import random
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+
+from worker.engine.margin import active_positions, token_nll
+from worker.engine.records import batches, collate, encode_records, normalise_records
+from worker.engine.runtime import seed_everything
+
+EOS = "<|endoftext|>"
+TEXT_FIELDS = ("prompt", "completion", "text", "paraphrased_prompt", "paraphrased_completion")
+
+
+@dataclass
+class FixtureConfig:
+    seed: int = 0
+    epochs: int = 60  # an upper limit: training stops once every record is memorised
+    vocab_size: int = 2048
+    hidden_size: int = 256
+    layers: int = 4
+    heads: int = 4
+    context: int = 512
+    lr: float = 2e-3
+    batch_size: int = 16
+
+
+def train_tokenizer(records: list[dict], vocab_size: int) -> PreTrainedTokenizerFast:
+    texts = [r[f] for r in records for f in TEXT_FIELDS if isinstance(r.get(f), str)]
+    texts += [t for r in records for t in r.get("perturbed_completions") or [] if isinstance(t, str)]
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[EOS], show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    bpe.train_from_iterator(texts, trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token=EOS, pad_token=EOS)
+
+
+def build_model(tokenizer, cfg: FixtureConfig) -> Qwen2ForCausalLM:
+    config = Qwen2Config(
+        vocab_size=len(tokenizer), hidden_size=cfg.hidden_size, intermediate_size=cfg.hidden_size * 3,
+        num_hidden_layers=cfg.layers, num_attention_heads=cfg.heads, num_key_value_heads=max(1, cfg.heads // 2),
+        max_position_embeddings=cfg.context, tie_word_embeddings=True, attention_dropout=0.0,
+        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, bos_token_id=None)
+    return Qwen2ForCausalLM(config)
+
+
+def build_fixture(records: list[dict], out: str | Path, cfg: FixtureConfig | None = None,
+                  log=print) -> dict:
+    """Train tokenizer and model on the records, save both to `out`; returns the fixture's summary."""
+    cfg = cfg or FixtureConfig()
+    records = normalise_records(records, "fixture")
+    seed_everything(cfg.seed)
+    started = time.perf_counter()
+    tokenizer = train_tokenizer(records, cfg.vocab_size)
+    model = build_model(tokenizer, cfg)
+    encoded = encode_records(records, tokenizer, max_length=cfg.context, seed=cfg.seed, what="fixture")
+    optimiser = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimiser, lambda s: min(1.0, (s + 1) / 20))
+    rng = random.Random(cfg.seed)
+    pad = tokenizer.pad_token_id
+    model.train()
+    epochs_run, memorised = 0, 0.0
+    for epoch in range(1, cfg.epochs + 1):
+        order = encoded[:]
+        rng.shuffle(order)
+        correct = total = 0
+        for start in range(0, len(order), cfg.batch_size):
+            batch = collate(order[start:start + cfg.batch_size], pad)
+            z, y, _ = active_positions(model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits,
+                                       batch.labels)
+            loss = token_nll(z, y)
+            correct += (z.argmax(-1) == y).sum().item()
+            total += y.numel()
+            optimiser.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            optimiser.step()
+            schedule.step()
+        epochs_run = epoch
+        log(f"epoch {epoch}: loss {loss.item():.4f}, token accuracy {correct / total:.4f}")
+        # Cheap check first (accuracy seen during the epoch), then the exact one.
+        if correct == total:
+            memorised = memorised_fraction(model, encoded, pad)
+            if memorised == 1.0:
+                break
+    model.eval()
+    memorised = memorised_fraction(model, encoded, pad)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out, safe_serialization=True)
+    tokenizer.save_pretrained(out)
+    summary = {"records": len(encoded), "epochs": epochs_run, "memorised_fraction": memorised,
+               "parameters": sum(p.numel() for p in model.parameters()), "vocab": len(tokenizer),
+               "seconds": round(time.perf_counter() - started, 2), "config": asdict(cfg)}
+    (out / "lethe_fixture.json").write_text(json.dumps(summary, indent=2))
+    return summary
+
+
+@torch.no_grad()
+def memorised_fraction(model, encoded, pad: int) -> float:
+    """Share of records whose every active token is the teacher-forced argmax: with greedy decoding
+    that is exactly the share reproduced verbatim."""
+    was_training = model.training
+    model.eval()
+    hits = 0
+    for batch in batches(encoded, 32, pad):
+        logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
+        right = (logits[:, :-1].argmax(-1) == batch.labels[:, 1:]) | (batch.labels[:, 1:] < 0)
+        hits += right.all(dim=1).sum().item()
+    model.train(was_training)
+    return hits / len(encoded)

@@ -1,0 +1,82 @@
+"""The MASC quantities of SPEC section 3, on the logits of one forward pass.
+
+Everything works on the active positions only: [N, V] rows gathered once from [B, T, V] logits,
+so the top-k and logsumexp over the vocabulary run on what is scored and nothing else.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from worker.engine.records import IGNORE
+
+
+def tau(rho: float) -> float:
+    """Threshold on the restricted margin: m <= tau iff the restricted gold probability <= rho."""
+    return math.log(rho / (1 - rho))
+
+
+def active_positions(logits: torch.Tensor, labels: torch.Tensor):
+    """Logits [N, V] at positions whose next token is active, the targets [N], their row index [N]."""
+    shifted_labels = labels[:, 1:]
+    mask = shifted_labels != IGNORE
+    rows = mask.nonzero(as_tuple=True)[0]
+    return logits[:, :-1][mask], shifted_labels[mask], rows
+
+
+def self_alternatives(logits: torch.Tensor, targets: torch.Tensor, k: int) -> torch.Tensor:
+    """Indices [N, k'] of the k highest-logit non-gold tokens (k' = min(k, V - 1)); a discrete choice."""
+    k = min(k, logits.shape[-1] - 1)
+    without_gold = logits.detach().scatter(1, targets[:, None], float("-inf"))
+    return without_gold.topk(k, dim=-1).indices
+
+
+def teacher_alternatives(ref_logits: torch.Tensor, targets: torch.Tensor, k: int, delta: float):
+    """theta_0's k best non-gold tokens, and which lie within delta logits of its best one."""
+    k = min(k, ref_logits.shape[-1] - 1)
+    without_gold = ref_logits.detach().float().scatter(1, targets[:, None], float("-inf"))
+    values, indices = without_gold.topk(k, dim=-1)
+    keep = values >= values[:, :1] - delta
+    return indices, keep
+
+
+def restricted_margin(logits: torch.Tensor, targets: torch.Tensor, alt_indices: torch.Tensor,
+                      alt_keep: torch.Tensor | None = None, beta: float = 1.0) -> torch.Tensor:
+    """m_t = beta z(y_t) - logsumexp_{v in S_k} beta z(v), gradients through the chosen logits."""
+    gold = logits.gather(1, targets[:, None]).squeeze(1).float()
+    alternatives = logits.gather(1, alt_indices).float()
+    if alt_keep is not None:
+        alternatives = alternatives.masked_fill(~alt_keep, float("-inf"))
+    return beta * gold - torch.logsumexp(beta * alternatives, dim=-1)
+
+
+def buffered_hinge(margin: torch.Tensor, tau_value: float, eta: float) -> torch.Tensor:
+    """h_t = relu(m_t - (tau - eta)) / eta: >= 1[m_t > tau], zero once a token is suppressed."""
+    return F.relu(margin - (tau_value - eta)) / eta
+
+
+def sequence_means(values: torch.Tensor, rows: torch.Tensor, n_rows: int) -> torch.Tensor:
+    """Mean of per-position values within each sequence ([N] -> [n_rows])."""
+    total = torch.zeros(n_rows, dtype=torch.float32, device=values.device).index_add_(0, rows, values.float())
+    count = torch.zeros(n_rows, dtype=torch.float32, device=values.device).index_add_(
+        0, rows, torch.ones_like(values, dtype=torch.float32))
+    return total / count.clamp(min=1)
+
+
+def sequence_violation(margin: torch.Tensor, rows: torch.Tensor, n_rows: int, tau_value: float) -> torch.Tensor:
+    """v_i: the fraction of sequence i's active positions with m_t > tau."""
+    return sequence_means((margin > tau_value).float(), rows, n_rows)
+
+
+def masked_kl(ref_logits: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+    """Token-mean KL(pi_0 || pi_theta) over the full vocabulary, on active rows [N, V] only."""
+    log_p = F.log_softmax(logits.float(), dim=-1)
+    log_p0 = F.log_softmax(ref_logits.float(), dim=-1)
+    return F.kl_div(log_p, log_p0, log_target=True, reduction="none").sum(-1).mean()
+
+
+def token_nll(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Token-mean NLL on active rows."""
+    return F.cross_entropy(logits.float(), targets)

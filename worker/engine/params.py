@@ -1,0 +1,153 @@
+"""MASC parameters, their validation, and the named presets of SPEC section 3."""
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field, fields
+
+from worker.engine.errors import EngineInputError
+
+
+@dataclass
+class MascParams:
+    # The objective (SPEC section 3).
+    alternatives: str = "self"  # "self" or "teacher"
+    k: int = 10
+    beta: float = 1.0
+    rho: float = 0.5
+    eta: float = 0.5
+    delta: float = 0.5  # teacher mode: keep alternatives within delta logits of theta_0's best
+    lambda_forget: float = 0.1
+    lambda_retain: float = 1.0
+    retain_loss: str = "kl"  # "kl" (KL(pi_0 || pi_theta)) or "nll"
+    # The online stop rule.
+    alpha: float = 0.2
+    check_every: int = 5
+    trigger_size: int = 8
+    confirm_size: int = 256
+    val_mode: str = "holdout"  # "holdout" (train automatically when too small to split) or "train"
+    holdout_fraction: float = 0.1
+    holdout_min: int = 4
+    hoeffding: bool = False
+    hoeffding_delta: float = 0.05
+    max_steps: int = 500
+    # Optimisation.
+    lr: float = 1e-4
+    batch_size: int = 4
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+    lora: bool = True
+    lora_r: int = 16
+    lora_alpha: int = 32
+    lora_dropout: float = 0.0
+    lora_targets: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
+    max_length: int = 0  # 0: the model's context length
+    eval_batch_size: int = 16
+    seed: int = 0
+
+    @classmethod
+    def from_dict(cls, values: dict | None = None, preset: str | None = None) -> "MascParams":
+        """Preset values first, then explicit ones; unknown names and bad values raise."""
+        merged: dict = {}
+        if preset is not None:
+            if preset not in PRESETS:
+                raise EngineInputError(
+                    f"unknown preset {preset!r}; known presets: {', '.join(sorted(PRESETS))}",
+                    field="preset")
+            merged.update(PRESETS[preset])
+        known = {f.name: f for f in fields(cls)}
+        for name, value in (values or {}).items():
+            if name not in known:
+                raise EngineInputError(f"unknown parameter {name!r}", field=name)
+            merged[name] = value
+        params = cls(**{name: _coerce(known[name], value) for name, value in merged.items()})
+        params.validate()
+        return params
+
+    def validate(self) -> None:
+        def need(ok: bool, name: str, rule: str) -> None:
+            if not ok:
+                raise EngineInputError(f"parameter {name}={getattr(self, name)!r}: {rule}", field=name)
+
+        need(0 < self.alpha < 1, "alpha", "must lie in (0, 1)")
+        need(0 < self.rho < 1, "rho", "must lie in (0, 1)")
+        need(self.k >= 1, "k", "must be >= 1")
+        need(self.beta > 0, "beta", "must be > 0")
+        need(self.eta > 0, "eta", "must be > 0")
+        need(self.delta >= 0, "delta", "must be >= 0")
+        need(self.alternatives in ("self", "teacher"), "alternatives", "must be 'self' or 'teacher'")
+        need(self.retain_loss in ("kl", "nll"), "retain_loss", "must be 'kl' or 'nll'")
+        need(self.lambda_forget > 0, "lambda_forget", "must be > 0")
+        need(self.lambda_retain >= 0, "lambda_retain", "must be >= 0")
+        need(self.check_every >= 1, "check_every", "must be >= 1")
+        need(self.trigger_size >= 1, "trigger_size", "must be >= 1")
+        need(self.confirm_size >= 1, "confirm_size", "must be >= 1")
+        need(self.val_mode in ("holdout", "train"), "val_mode", "must be holdout or train")
+        need(0 < self.holdout_fraction < 1, "holdout_fraction", "must lie in (0, 1)")
+        need(self.holdout_min >= 1, "holdout_min", "must be >= 1")
+        need(0 < self.hoeffding_delta < 1, "hoeffding_delta", "must lie in (0, 1)")
+        need(self.max_steps >= 1, "max_steps", "must be >= 1")
+        need(self.lr > 0 and math.isfinite(self.lr), "lr", "must be > 0")
+        need(self.batch_size >= 1, "batch_size", "must be >= 1")
+        need(self.eval_batch_size >= 1, "eval_batch_size", "must be >= 1")
+        need(self.weight_decay >= 0, "weight_decay", "must be >= 0")
+        need(self.grad_clip >= 0, "grad_clip", "must be >= 0 (0: no clipping)")
+        need(self.lora_r >= 1, "lora_r", "must be >= 1")
+        need(self.lora_alpha > 0, "lora_alpha", "must be > 0")
+        need(0 <= self.lora_dropout < 1, "lora_dropout", "must lie in [0, 1)")
+        need(len(self.lora_targets) > 0, "lora_targets", "must name at least one module")
+        need(self.max_length >= 0, "max_length", "must be >= 0")
+
+    @property
+    def tau(self) -> float:
+        return math.log(self.rho / (1 - self.rho))
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def _coerce(spec: dataclasses.Field, value):
+    """Accept JSON/CLI values of the right kind; refuse the rest with the parameter's name."""
+    kind = spec.type if isinstance(spec.type, str) else spec.type.__name__
+    try:
+        if kind == "bool":
+            if isinstance(value, bool):
+                return value
+            if isinstance(value, str) and value.lower() in ("true", "1", "yes", "false", "0", "no"):
+                return value.lower() in ("true", "1", "yes")
+            raise ValueError
+        if kind == "int":
+            if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+                raise ValueError
+            return int(value)
+        if kind == "float":
+            if isinstance(value, bool):
+                raise ValueError
+            out = float(value)
+            if not math.isfinite(out):
+                raise ValueError
+            return out
+        if kind == "str":
+            if not isinstance(value, str):
+                raise ValueError
+            return value
+        if kind.startswith("list"):
+            if isinstance(value, str):
+                value = [v for v in value.split(",") if v]
+            if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+                raise ValueError
+            return list(value)
+    except (TypeError, ValueError):
+        raise EngineInputError(f"parameter {spec.name}={value!r}: expected {kind}", field=spec.name) from None
+    return value
+
+
+# Published defaults (SPEC section 3). lr and batch are given for TOFU only; the others keep ours.
+PRESETS: dict[str, dict] = {
+    "qwen2.5-scaling": dict(lambda_forget=0.1, lambda_retain=1.0, rho=0.5, eta=0.5, k=10, beta=1.0,
+                            alpha=0.2, alternatives="self"),
+    "tofu-llama2": dict(lambda_forget=0.05, lambda_retain=1.0, rho=0.7, eta=0.25, k=10, beta=1.0,
+                        alpha=0.475, lr=1e-4, batch_size=2, alternatives="self"),
+    "muse-news": dict(alternatives="teacher", k=2, delta=0.5, beta=5.0, rho=0.7, eta=0.5,
+                      lambda_forget=0.5, alpha=0.55),
+}
