@@ -8,6 +8,7 @@ from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers.utils import logging as hf_logging
 
 from worker.engine.errors import EngineInputError
 
@@ -32,6 +33,7 @@ def autocast(device: torch.device):
 def load_model(source: str | os.PathLike, device: torch.device):
     """A model and tokenizer through from_pretrained: a local directory, or a hub id where a network exists."""
     source = str(source)
+    hf_logging.disable_progress_bar()  # callers show their own progress; stderr stays for errors
     looks_local = source.startswith((".", "/", "~")) or os.sep in source and Path(source).exists()
     if looks_local and not Path(source).expanduser().is_dir():
         raise EngineInputError(f"model {source!r}: no such directory", field="model")

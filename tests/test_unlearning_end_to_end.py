@@ -1,0 +1,136 @@
+"""MASC on a fixture model that memorised a synthetic QA set: stops by its rule, forgets, keeps the rest."""
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from worker.engine.evaluate import exact_match
+from worker.engine.fixture import FixtureConfig, build_fixture
+from worker.engine.loading import load_model, save_model
+from worker.engine.params import MascParams
+from worker.engine.records import collate, encode_records, normalise_records
+from worker.engine.unlearn import run_unlearning
+
+# The tiny fixture learns fast; 1e-3 keeps the run to about a hundred steps.
+FAST = dict(lr=1e-3, max_steps=400)
+
+
+def encoded(tokenizer, records, what):
+    return encode_records(normalise_records(records, what), tokenizer, max_length=512, seed=0, what=what)
+
+
+@pytest.fixture(scope="module")
+def unlearned(fixture_model, forget_records, retain_records):
+    steps = []
+    outcome = run_unlearning(str(fixture_model), forget_records, retain_records,
+                             params=MascParams.from_dict(FAST), progress=steps.append)
+    return outcome, steps
+
+
+def test_fixture_memorises_and_masc_forgets_only_the_forget_set(fixture_model, unlearned, forget_records,
+                                                               retain_records):
+    base, tokenizer = load_model(fixture_model, torch.device("cpu"))
+    forget, retain = encoded(tokenizer, forget_records, "forget"), encoded(tokenizer, retain_records, "retain")
+    before_forget = exact_match(base, tokenizer, forget)["value"]
+    before_retain = exact_match(base, tokenizer, retain)["value"]
+    assert before_forget >= 0.9 and before_retain >= 0.9
+    outcome, _ = unlearned
+    assert outcome.result["stop_reason"] == "alpha"
+    assert outcome.result["final_violation_rate"] <= 0.2
+    after_forget = exact_match(outcome.model, tokenizer, forget)["value"]
+    after_retain = exact_match(outcome.model, tokenizer, retain)["value"]
+    assert after_forget <= 0.1
+    assert after_retain >= 0.8 * before_retain
+
+
+def test_result_records_the_run(unlearned, forget_records):
+    outcome, steps = unlearned
+    r = outcome.result
+    assert r["steps"] == len(r["loss_trace"]) == len(steps) > 0
+    assert [s["step"] for s in steps] == list(range(1, r["steps"] + 1))  # a progress call each step
+    assert {"forget", "retain", "total"} <= set(steps[-1]["losses"])
+    assert r["v_trace"][-1]["stage"] == "confirm" and r["v_trace"][-1]["passed"]
+    assert r["v_trace"][-1]["step"] == r["steps"]
+    assert r["validation"] == {"mode": "holdout", "n_train": 6, "n_val": 4}
+    assert r["params"]["lr"] == 1e-3 and r["seed"] == 0
+    assert r["versions"]["torch"] and r["versions"]["transformers"]
+    assert r["peak_memory"]["bytes"] > 0 and r["wall_seconds"] > 0
+    assert 0 < r["timing"]["stop_check_seconds"] < r["wall_seconds"]
+    bound = r["bound"]
+    assert [b["id"] for b in bound["per_record"]] == [f["id"] for f in forget_records]
+    for b in bound["per_record"]:
+        assert b["bound"] == pytest.approx(0.5 ** round((1 - b["violation"]) * b["active_tokens"]))
+    assert bound["aggregate"]["max_bound"] == max(b["bound"] for b in bound["per_record"])
+    assert bound["aggregate"]["guaranteed"] is True
+    json.dumps(r)  # serialisable as it stands
+
+
+def test_saved_model_reloads_with_identical_logits_even_without_peft(unlearned, tmp_path, retain_records):
+    outcome, _ = unlearned
+    save_model(outcome.model, outcome.tokenizer, tmp_path / "model")
+    assert (tmp_path / "model" / "model.safetensors").exists()
+    batch = collate(encoded(outcome.tokenizer, retain_records[:8], "retain"), outcome.tokenizer.pad_token_id)
+    with torch.no_grad():
+        in_memory = outcome.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
+    reloaded, _ = load_model(tmp_path / "model", torch.device("cpu"))
+    with torch.no_grad():
+        assert torch.equal(reloaded(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits, in_memory)
+    torch.save({"ids": batch.input_ids, "mask": batch.attention_mask}, tmp_path / "batch.pt")
+    # A fresh interpreter in which importing peft fails.
+    script = f"""
+import sys; sys.modules['peft'] = None
+import torch
+from transformers import AutoModelForCausalLM
+b = torch.load({str(tmp_path / 'batch.pt')!r})
+m = AutoModelForCausalLM.from_pretrained({str(tmp_path / 'model')!r}).eval()
+with torch.no_grad():
+    torch.save(m(input_ids=b['ids'], attention_mask=b['mask']).logits, {str(tmp_path / 'logits.pt')!r})
+"""
+    subprocess.run([sys.executable, "-c", script], check=True, capture_output=True)
+    assert torch.equal(torch.load(tmp_path / "logits.pt"), in_memory)
+
+
+def test_cancellation_stops_cleanly_without_a_model(fixture_model, forget_records, retain_records):
+    calls = []
+    outcome = run_unlearning(str(fixture_model), forget_records, retain_records,
+                             params=MascParams.from_dict(FAST), progress=calls.append,
+                             should_cancel=lambda: len(calls) >= 3)
+    assert outcome.result["stop_reason"] == "cancelled"
+    assert outcome.result["steps"] == 3 and outcome.model is None and "bound" not in outcome.result
+
+
+def test_small_forget_set_uses_train_mode_and_says_so(fixture_model, forget_records, retain_records):
+    outcome = run_unlearning(str(fixture_model), forget_records[:5], retain_records,
+                             params=MascParams.from_dict(FAST))
+    validation = outcome.result["validation"]
+    assert validation["mode"] == "train" and validation["n_val"] == 5 and "too small" in validation["reason"]
+    assert outcome.result["stop_reason"] == "alpha"
+
+
+@pytest.mark.parametrize("values", [
+    dict(lora=False, lr=5e-4, max_steps=300),  # full fine-tuning with a frozen copy
+    dict(alternatives="teacher", k=2, delta=0.5, beta=5.0, rho=0.7, lambda_forget=0.5, alpha=0.55, lr=1e-3,
+         max_steps=300),  # the MUSE preset's teacher mode
+    # With n = 10 the Hoeffding slack is about 0.65, hence the loose alpha.
+    dict(retain_loss="nll", hoeffding=True, alpha=0.7, val_mode="train", lr=1e-3, max_steps=300),
+])
+def test_other_modes_reach_the_stop_rule(fixture_model, forget_records, retain_records, values):
+    outcome = run_unlearning(str(fixture_model), forget_records, retain_records,
+                             params=MascParams.from_dict(values))
+    r = outcome.result
+    assert r["stop_reason"] == "alpha", r["v_trace"][-3:]
+    assert r["v_trace"][0]["v"] > r["final_violation_rate"]
+    assert r["bound"]["aggregate"]["guaranteed"] is (values.get("beta", 1.0) == 1.0)
+
+
+def test_fixture_training_is_reproducible_by_seed(tmp_path, forget_records):
+    cfg = FixtureConfig(seed=5, epochs=3, vocab_size=300, hidden_size=32, layers=1, heads=2)
+    build_fixture(forget_records, tmp_path / "a", cfg, log=lambda _: None)
+    build_fixture(forget_records, tmp_path / "b", cfg, log=lambda _: None)
+    a, _ = load_model(tmp_path / "a", torch.device("cpu"))
+    b, _ = load_model(tmp_path / "b", torch.device("cpu"))
+    for (name, pa), (_, pb) in zip(a.state_dict().items(), b.state_dict().items()):
+        assert torch.equal(pa, pb), name
+    assert (tmp_path / "a" / "tokenizer.json").read_text() == (tmp_path / "b" / "tokenizer.json").read_text()
