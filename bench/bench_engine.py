@@ -1,0 +1,162 @@
+"""`make bench-engine`: the cost of a MASC step against a plain NLL step, the stop rule's share of
+wall time, and the peak memory of LoRA against full fine-tuning, on the mini-TOFU fixture.
+Figures are printed and written to bench/results/engine.json; nothing here is asserted."""
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from bench.mini_tofu import ROOT, fixture, splits
+from worker.engine import margin as M
+from worker.engine.loading import Policy, autocast, load_model
+from worker.engine.methods.masc import Masc
+from worker.engine.params import MascParams
+from worker.engine.records import collate, concat_batches, encode_records, normalise_records
+from worker.engine.runtime import PeakMemory, library_versions
+from worker.engine.unlearn import run_unlearning
+
+PRESET = "tofu-llama2"
+RESULTS = ROOT / "bench" / "results" / "engine.json"
+
+
+def prepared(model_dir: Path, lora: bool, batch_size: int):
+    """Model, policy, MASC and optimiser as the trainer builds them, and one fixed forget/retain batch."""
+    device = torch.device("cpu")
+    model, tokenizer = load_model(model_dir, device)
+    data = splits()
+    encode = lambda what: encode_records(normalise_records(data[what], what), tokenizer, max_length=512, seed=0,
+                                         what=what)
+    params = MascParams.from_dict({"lora": lora, "batch_size": batch_size}, preset=PRESET)
+    policy = Policy(model, lora=lora, targets=params.lora_targets)
+    masc = Masc(params, policy, tokenizer.pad_token_id)
+    optimiser = torch.optim.AdamW(policy.trainable_parameters(), lr=params.lr)
+    forget = collate(encode("forget")[:batch_size], tokenizer.pad_token_id)
+    retain = collate(encode("retain")[:batch_size], tokenizer.pad_token_id)
+    return policy, masc, optimiser, forget, retain, tokenizer
+
+
+def step(optimiser, policy, loss):
+    optimiser.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(policy.trainable_parameters(), 1.0)
+    optimiser.step()
+
+
+def step_cost(model_dir: Path, lora: bool, batch_size: int = 4, rounds: int = 8, per_round: int = 5) -> dict:
+    """Alternate blocks of MASC and plain NLL steps on the same batch; compare median step times."""
+    policy, masc, optimiser, forget, retain, tokenizer = prepared(model_dir, lora, batch_size)
+    joint = concat_batches(forget, retain, tokenizer.pad_token_id)
+
+    def masc_step():
+        with autocast(forget.input_ids.device):
+            loss, _ = masc.loss(forget, retain)
+        step(optimiser, policy, loss)
+
+    def nll_step():
+        z, y, _ = M.active_positions(policy.logits(joint), joint.labels)
+        step(optimiser, policy, M.token_nll(z, y))
+
+    times = {"masc": [], "nll": []}
+    for fn in (masc_step, nll_step, masc_step, nll_step):  # warm-up
+        fn()
+    for _ in range(rounds):
+        for name, fn in (("masc", masc_step), ("nll", nll_step)):
+            start = time.perf_counter()
+            for _ in range(per_round):
+                fn()
+            times[name].append((time.perf_counter() - start) / per_round)
+    masc_s, nll_s = statistics.median(times["masc"]), statistics.median(times["nll"])
+    return {"mode": "lora" if lora else "full", "batch": f"{batch_size} forget + {batch_size} retain",
+            "masc_step_ms": round(masc_s * 1000, 2), "nll_step_ms": round(nll_s * 1000, 2),
+            "ratio": round(masc_s / nll_s, 3)}
+
+
+def stop_rule_share(model_dir: Path) -> dict:
+    data = splits()
+    params = MascParams.from_dict({"max_steps": 1000}, preset=PRESET)
+    r = run_unlearning(str(model_dir), data["forget"], data["retain"], params=params, device="cpu").result
+    t = r["timing"]
+    return {"preset": PRESET, "stop_reason": r["stop_reason"], "steps": r["steps"], "checks": len(r["v_trace"]),
+            "final_v": r["final_violation_rate"], "validation": r["validation"],
+            "loop_seconds": round(t["loop_seconds"], 2), "stop_check_seconds": round(t["stop_check_seconds"], 2),
+            "share": round(t["stop_check_seconds"] / t["loop_seconds"], 4)}
+
+
+def memory_probe(model_dir: Path, lora: bool, steps: int = 10) -> dict:
+    """Run in a fresh process: peak RSS of a few MASC steps, and the bytes of every tensor the mode holds."""
+    peak = PeakMemory(torch.device("cpu"))
+    policy, masc, optimiser, forget, retain, _ = prepared(model_dir, lora, 4)
+    for _ in range(steps):
+        loss, _ = masc.loss(forget, retain)
+        step(optimiser, policy, loss)
+    tensors = {id(p): p for p in policy.model.parameters()}
+    if policy.frozen is not None:
+        tensors.update({id(p): p for p in policy.frozen.parameters()})
+    tensors.update({id(p.grad): p.grad for p in policy.trainable_parameters() if p.grad is not None})
+    for state in optimiser.state.values():
+        tensors.update({id(v): v for v in state.values() if torch.is_tensor(v)})
+    return {"mode": "lora" if lora else "full", "peak_rss_bytes": peak.read()["bytes"],
+            "tensor_bytes": sum(t.numel() * t.element_size() for t in tensors.values()),
+            "trainable_parameters": sum(p.numel() for p in policy.trainable_parameters()),
+            "frozen_copy": policy.frozen is not None}
+
+
+def memory_comparison(model_dir: Path) -> dict:
+    rows = {}
+    for mode in ("lora", "full"):
+        out = subprocess.run([sys.executable, "-m", "bench.bench_engine", "--memory-probe", mode, "--model",
+                              str(model_dir)], capture_output=True, text=True, cwd=ROOT, check=True)
+        rows[mode] = json.loads(out.stdout.strip().splitlines()[-1])
+    rows["full_over_lora_peak_rss"] = round(rows["full"]["peak_rss_bytes"] / rows["lora"]["peak_rss_bytes"], 3)
+    rows["full_over_lora_tensor_bytes"] = round(rows["full"]["tensor_bytes"] / rows["lora"]["tensor_bytes"], 3)
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--memory-probe", choices=["lora", "full"])
+    parser.add_argument("--model")
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    if args.memory_probe:
+        print(json.dumps(memory_probe(Path(args.model), args.memory_probe == "lora")))
+        return
+    model_dir = fixture("full", log=lambda line: print(line, file=sys.stderr))
+    summary = json.loads((model_dir / "lethe_fixture.json").read_text())
+    report = {"command": "make bench-engine", "machine": f"{platform.machine()}, {torch.get_num_threads()} threads, CPU",
+              "fixture": {k: summary[k] for k in ("parameters", "epochs", "memorised_fraction", "records")},
+              "versions": library_versions()}
+    report["step_cost"] = [step_cost(model_dir, lora=True), step_cost(model_dir, lora=False)]
+    report["stop_rule"] = stop_rule_share(model_dir)
+    report["memory"] = memory_comparison(model_dir)
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps(report, indent=2) + "\n")
+    print_report(report)
+
+
+def print_report(r: dict) -> None:
+    print(f"mini-TOFU fixture: {r['fixture']['parameters']:,} parameters, memorised {r['fixture']['memorised_fraction']:.0%}")
+    for row in r["step_cost"]:
+        print(f"step cost ({row['mode']}, {row['batch']}): MASC {row['masc_step_ms']} ms, NLL {row['nll_step_ms']} ms, "
+              f"ratio {row['ratio']} (target <= 1.3)")
+    s = r["stop_rule"]
+    print(f"stop rule ({s['preset']}): {s['stop_reason']} after {s['steps']} steps, {s['checks']} checks, "
+          f"{s['stop_check_seconds']} s of {s['loop_seconds']} s = {s['share']:.1%} (target <= 10%)")
+    m = r["memory"]
+    for mode in ("lora", "full"):
+        print(f"memory ({mode}): peak RSS {m[mode]['peak_rss_bytes'] / 2**20:.1f} MiB, tensors held "
+              f"{m[mode]['tensor_bytes'] / 2**20:.1f} MiB, frozen copy: {m[mode]['frozen_copy']}")
+    print(f"full / LoRA: peak RSS x{m['full_over_lora_peak_rss']}, tensors held x{m['full_over_lora_tensor_bytes']}")
+    print(f"written to {RESULTS.relative_to(ROOT)}")
+
+
+if __name__ == "__main__":
+    main()

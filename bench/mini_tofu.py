@@ -1,0 +1,47 @@
+"""mini-TOFU (SPEC section 10): authors 180-199 of the shared TOFU data, and its cached fixture models."""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from worker.engine.fixture import FixtureConfig, build_fixture
+
+ROOT = Path(__file__).resolve().parents[1]
+TOFU = Path(os.environ.get("LETHE_TOFU", ROOT.parent / "shared" / "data" / "tofu" / "tofu.jsonl"))
+CACHE = ROOT / "bench" / ".fixtures"
+# The 4.5 M-parameter configuration of SPEC section 10.
+MINI_TOFU = FixtureConfig(seed=0, epochs=60, vocab_size=2048, hidden_size=256, layers=4, heads=4)
+
+
+def tofu_records(authors: range) -> list[dict]:
+    """TOFU rows as records; the question/answer separator is part of the prompt (SPEC section 2)."""
+    wanted = set(authors)
+    records = []
+    with TOFU.open() as rows:
+        for line in rows:
+            row = json.loads(line)
+            if row["author"] in wanted:
+                records.append({
+                    "id": f"tofu-{row['id']}",
+                    "prompt": f"Question: {row['question']}\nAnswer: ",
+                    "completion": row["answer"],
+                    "paraphrased_prompt": f"Question: {row['paraphrased_question']}\nAnswer: ",
+                    "paraphrased_completion": row["paraphrased_answer"],
+                    "perturbed_completions": row["perturbed_answers"],
+                })
+    return records
+
+
+def splits() -> dict[str, list[dict]]:
+    return {"forget": tofu_records(range(198, 200)), "retain": tofu_records(range(180, 198))}
+
+
+def fixture(name: str = "full", log=print) -> Path:
+    """The cached "full" (all 400 QA) or "retain" (the 360 of authors 180-197) fixture, built on first use."""
+    authors = {"full": range(180, 200), "retain": range(180, 198)}[name]
+    out = CACHE / f"mini-tofu-{name}"
+    if not (out / "lethe_fixture.json").exists():
+        log(f"building the mini-TOFU {name!r} fixture in {out} (minutes; cached afterwards)")
+        build_fixture(tofu_records(authors), out, MINI_TOFU, log=log)
+    return out
