@@ -123,6 +123,16 @@ def test_other_modes_reach_the_stop_rule(fixture_model, forget_records, retain_r
     assert r["stop_reason"] == "alpha", r["v_trace"][-3:]
     assert r["v_trace"][0]["v"] > r["final_violation_rate"]
     assert r["bound"]["aggregate"]["guaranteed"] is (values.get("beta", 1.0) == 1.0)
+    assert ("upper_bound" in r["v_trace"][-1]) is values.get("hoeffding", False)
+
+
+def test_truncated_records_are_listed_in_the_result(fixture_model, forget_records, retain_records):
+    long_prompt = {**forget_records[0], "id": "long", "prompt": "Question: " * 60 + forget_records[0]["prompt"]}
+    outcome = run_unlearning(str(fixture_model), [long_prompt, *forget_records[1:]], retain_records,
+                             params=MascParams.from_dict({"max_length": 64, "max_steps": 1, "lr": 1e-3}))
+    assert outcome.result["stop_reason"] == "max_steps" and outcome.result["steps"] == 1
+    [entry] = outcome.result["truncated"]
+    assert entry["id"] == "long" and entry["dropped_prompt_tokens"] > 0
 
 
 def test_fixture_training_is_reproducible_by_seed(tmp_path, forget_records):

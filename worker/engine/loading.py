@@ -34,9 +34,11 @@ def load_model(source: str | os.PathLike, device: torch.device):
     """A model and tokenizer through from_pretrained: a local directory, or a hub id where a network exists."""
     source = str(source)
     hf_logging.disable_progress_bar()  # callers show their own progress; stderr stays for errors
-    looks_local = source.startswith((".", "/", "~")) or os.sep in source and Path(source).exists()
-    if looks_local and not Path(source).expanduser().is_dir():
-        raise EngineInputError(f"model {source!r}: no such directory", field="model")
+    looks_local = source.startswith((".", "/", "~")) or Path(source).exists()
+    if looks_local:
+        if not Path(source).expanduser().is_dir():
+            raise EngineInputError(f"model {source!r}: no such directory", field="model")
+        source = str(Path(source).expanduser())
     try:
         tokenizer = AutoTokenizer.from_pretrained(source)
         model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32)
