@@ -11,7 +11,7 @@ ROOT = Path(__file__).resolve().parents[1]
 TOFU = Path(os.environ.get("LETHE_TOFU", ROOT.parent / "shared" / "data" / "tofu" / "tofu.jsonl"))
 CACHE = ROOT / "bench" / ".fixtures"
 # The 4.5 M-parameter configuration of SPEC section 10.
-MINI_TOFU = FixtureConfig(seed=0, epochs=60, vocab_size=2048, hidden_size=256, layers=4, heads=4)
+MINI_TOFU = FixtureConfig(seed=0, epochs=40, vocab_size=2048, hidden_size=256, layers=4, heads=4)
 
 
 def tofu_records(authors: range) -> list[dict]:

@@ -66,7 +66,11 @@ def build_fixture(records: list[dict], out: str | Path, cfg: FixtureConfig | Non
     model = build_model(tokenizer, cfg)
     encoded = encode_records(records, tokenizer, max_length=cfg.context, seed=cfg.seed, what="fixture")
     optimiser = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimiser, lambda s: min(1.0, (s + 1) / 20))
+    # Warm up, then decay linearly to a tenth by the last allowed epoch: a fixed lr stalls short of
+    # memorising every token.
+    total_steps = cfg.epochs * -(-len(encoded) // cfg.batch_size)
+    schedule = torch.optim.lr_scheduler.LambdaLR(
+        optimiser, lambda s: min((s + 1) / 20, 1.0 - 0.9 * min(1.0, s / total_steps)))
     rng = random.Random(cfg.seed)
     pad = tokenizer.pad_token_id
     model.train()

@@ -1,0 +1,148 @@
+"""/v1/unlearning-jobs: submit a deletion request, follow it (poll or server-sent events), cancel it."""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+
+from fastapi import APIRouter, Depends, Header, Query, Request
+from fastapi.encoders import jsonable_encoder
+from fastapi.responses import StreamingResponse
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from service import registry
+from service.auth import Principal, require
+from service.db import get_session, session_scope
+from service.idempotency import idempotent
+from service.jobs import forget_evidence, get_job, job_view, request_cancel
+from service.models import JOB_STATES, TERMINAL, Job, new_id, utcnow
+from service.pagination import paginate
+from service.problems import Problem, invalid, not_found
+from service.queue import enqueue
+from service.schemas import JobCreate, JobOut, Page
+from service.settings import get_settings
+from worker.engine.errors import EngineInputError
+from worker.engine.params import MascParams
+from worker.engine.recordset import normalise_records
+
+router = APIRouter(prefix="/v1/unlearning-jobs", tags=["unlearning jobs"])
+log = logging.getLogger("lethe.api")
+
+
+def checked_records(records, what: str, limit: int) -> list[dict] | None:
+    if records is None:
+        return None
+    if len(records) > limit:
+        raise invalid(f"{what}: {len(records)} records exceed the limit of {limit}", what)
+    try:
+        return normalise_records(records, what, allow_empty=what != "forget")
+    except EngineInputError as exc:
+        raise invalid(str(exc), what) from None
+
+
+def send(payload: dict) -> None:
+    """Enqueue after commit; if the broker is down the job stays QUEUED and the sweeper re-sends it."""
+    try:
+        enqueue(payload["id"])
+    except Exception:
+        log.exception("could not enqueue job %s; the sweeper will retry", payload["id"])
+        return
+    with session_scope() as session:
+        job = session.get(Job, payload["id"])
+        if job is not None and job.enqueued_at is None:
+            job.enqueued_at = utcnow()
+
+
+@router.post("", status_code=202, response_model=JobOut)
+def submit(body: JobCreate, request: Request, who: Principal = Depends(require("jobs:write")),
+           session: Session = Depends(get_session), idempotency_key: str | None = Header(None)):
+    def create():
+        settings = get_settings()
+        model = registry.get_model(session, who.tenant, body.model_id)
+        version = registry.get_version(session, model, body.version)
+        forget = checked_records(body.forget, "forget", settings.max_records)
+        retain = checked_records(body.retain, "retain", settings.max_records)
+        holdout = checked_records(body.holdout, "holdout", settings.max_records)
+        try:  # the engine's own rules, so a job never fails later on its parameters
+            MascParams.from_dict(body.params, preset=body.preset)
+        except EngineInputError as exc:
+            raise invalid(str(exc), f"params.{exc.field}" if exc.field and exc.field != "preset" else exc.field) from None
+        job = Job(id=new_id("job"), tenant=who.tenant, model_id=model.id, base_version=version.number,
+                  request_id=body.request_id, method=body.method, preset=body.preset, params=body.params or {},
+                  state="QUEUED", forget_records=forget, forget_evidence=forget_evidence(forget),
+                  retain_records=retain if retain is not None else model.retain_records, holdout_records=holdout,
+                  progress={}, attempt=0, max_attempts=settings.max_attempts, cancel_requested=False)
+        session.add(job)
+        session.flush()
+        return 202, job_view(job), f"/v1/unlearning-jobs/{job.id}"
+
+    return idempotent(session, who, request, idempotency_key, body.model_dump(mode="json"), create, after_commit=send)
+
+
+@router.get("", response_model=Page)
+def list_jobs(who: Principal = Depends(require("jobs:read")), session: Session = Depends(get_session),
+              state: str | None = None, model_id: str | None = None,
+              page_size: int = Query(50, ge=1, le=500), page_token: str | None = None):
+    query = select(Job).where(Job.tenant == who.tenant)
+    if state is not None:
+        if state not in JOB_STATES:
+            raise invalid(f"state must be one of {', '.join(JOB_STATES)}", "state")
+        query = query.where(Job.state == state)
+    if model_id is not None:
+        query = query.where(Job.model_id == model_id)
+    rows, token = paginate(session, query, Job, page_size, page_token)
+    return {"items": [job_view(j) for j in rows], "next_page_token": token}
+
+
+@router.get("/{job_id}", response_model=JobOut)
+def read_job(job_id: str, who: Principal = Depends(require("jobs:read")), session: Session = Depends(get_session)):
+    return job_view(get_job(session, who.tenant, job_id))
+
+
+@router.post("/{job_id}:cancel", response_model=JobOut)
+def cancel(job_id: str, who: Principal = Depends(require("jobs:write")), session: Session = Depends(get_session)):
+    job = request_cancel(session, get_job(session, who.tenant, job_id))
+    session.commit()
+    return job_view(job)
+
+
+@router.get("/{job_id}/result")
+def engine_result(job_id: str, who: Principal = Depends(require("jobs:read")),
+                  session: Session = Depends(get_session)):
+    job = get_job(session, who.tenant, job_id)
+    if job.engine_result is None:
+        raise not_found(f"the result of job {job_id!r} (state {job.state})")
+    return job.engine_result
+
+
+@router.get("/{job_id}/events")
+async def events(job_id: str, request: Request, who: Principal = Depends(require("jobs:read"))):
+    """Server-sent events: `state` on each state change, `progress` on each new progress, until terminal."""
+    def snapshot():
+        with session_scope() as session:
+            return jsonable_encoder(job_view(get_job(session, who.tenant, job_id)))
+
+    first = await asyncio.to_thread(snapshot)  # a 404 before the stream starts
+
+    async def stream():
+        view, last_state, last_progress, idle = first, None, None, 0.0
+        while True:
+            # Progress before state, so that a terminal state is the stream's last event.
+            if view["progress"] != last_progress:
+                yield f"event: progress\ndata: {json.dumps(view['progress'])}\n\n"
+                last_progress, idle = view["progress"], 0.0
+            if view["state"] != last_state:
+                yield f"event: state\ndata: {json.dumps(view)}\n\n"
+                last_state = view["state"]
+            if view["state"] in TERMINAL or await request.is_disconnected():
+                return
+            await asyncio.sleep(0.5)
+            idle += 0.5
+            if idle >= 15:
+                yield ": keep-alive\n\n"
+                idle = 0.0
+            view = await asyncio.to_thread(snapshot)
+
+    return StreamingResponse(stream(), media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})

@@ -1,0 +1,187 @@
+"""/v1/models: registration, versions, and their files (streamed, Range, ETag = sha256, tar archive)."""
+from __future__ import annotations
+
+import re
+import tarfile
+
+from fastapi import APIRouter, Depends, Header, Query, Request
+from fastapi.responses import Response, StreamingResponse
+from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from service import registry
+from service.auth import Principal, require
+from service.db import get_session
+from service.idempotency import idempotent
+from service.models import Model, ModelVersion, new_id
+from service.pagination import paginate
+from service.problems import Problem, invalid, not_found
+from service.schemas import ModelCreate, ModelOut, Page, VersionOut
+from service.settings import get_settings
+from service.store import CHUNK, ArtifactStore
+from worker.engine.errors import EngineInputError
+from worker.engine.recordset import normalise_records
+
+router = APIRouter(prefix="/v1/models", tags=["models"])
+
+
+def store() -> ArtifactStore:
+    return ArtifactStore(get_settings().artifact_root)
+
+
+def model_out(session: Session, model: Model) -> dict:
+    return {"id": model.id, "name": model.name, "source": model.source, "description": model.description,
+            "retain_count": len(model.retain_records or []),
+            "latest_version": registry.latest_number(session, model.id), "created_at": model.created_at}
+
+
+def version_out(v: ModelVersion) -> dict:
+    return {"model_id": v.model_id, "number": v.number, "parent": v.parent_number, "job_id": v.job_id,
+            "state": v.state, "manifest_sha256": v.manifest_sha256, "files": len(v.manifest),
+            "size_bytes": sum(f["size"] for f in v.manifest), "erased_request_ids": v.erased_request_ids,
+            "tags": v.tags, "created_at": v.created_at}
+
+
+@router.post("", status_code=201, response_model=ModelOut)
+def create_model(body: ModelCreate, request: Request, who: Principal = Depends(require("models:write")),
+                 session: Session = Depends(get_session), idempotency_key: str | None = Header(None)):
+    def create():
+        try:
+            retain = normalise_records(body.retain, "retain") if body.retain is not None else None
+        except EngineInputError as exc:
+            raise invalid(str(exc), "retain") from None
+        if session.scalar(select(Model).where(Model.tenant == who.tenant, Model.name == body.name)):
+            raise Problem(409, "conflict", "Conflict", f"a model named {body.name!r} exists")
+        model = Model(id=new_id("mdl"), tenant=who.tenant, name=body.name, source=body.source,
+                      description=body.description, retain_records=retain)
+        location = f"models/{model.id}/v1"
+        artifacts = store()
+        manifest = registry.copy_source(get_settings(), artifacts, body.source, location)
+        try:
+            registry.check_loadable(manifest, body.source)
+            session.add(model)
+            session.flush()
+            registry.add_version(session, model, location=location, manifest=manifest, parent=None, job_id=None,
+                                 request_id=None, tags=["source"])
+            session.flush()
+        except (Problem, IntegrityError):
+            artifacts.delete(location)
+            raise
+        return 201, model_out(session, model), f"/v1/models/{model.id}"
+
+    return idempotent(session, who, request, idempotency_key, body.model_dump(mode="json"), create)
+
+
+@router.get("", response_model=Page)
+def list_models(who: Principal = Depends(require("jobs:read")), session: Session = Depends(get_session),
+                page_size: int = Query(50, ge=1, le=500), page_token: str | None = None):
+    rows, token = paginate(session, select(Model).where(Model.tenant == who.tenant), Model, page_size, page_token)
+    return {"items": [model_out(session, m) for m in rows], "next_page_token": token}
+
+
+@router.get("/{model_id}", response_model=ModelOut)
+def read_model(model_id: str, who: Principal = Depends(require("jobs:read")), session: Session = Depends(get_session)):
+    return model_out(session, registry.get_model(session, who.tenant, model_id))
+
+
+@router.get("/{model_id}/versions", response_model=Page)
+def list_versions(model_id: str, who: Principal = Depends(require("jobs:read")),
+                  session: Session = Depends(get_session)):
+    model = registry.get_model(session, who.tenant, model_id)
+    rows = session.scalars(select(ModelVersion).where(ModelVersion.model_id == model.id)
+                           .order_by(ModelVersion.number)).all()
+    return {"items": [version_out(v) for v in rows], "next_page_token": None}
+
+
+def _version(session, who, model_id, number) -> ModelVersion:
+    return registry.get_version(session, registry.get_model(session, who.tenant, model_id), number)
+
+
+@router.get("/{model_id}/versions/{number}", response_model=VersionOut)
+def read_version(model_id: str, number: int, who: Principal = Depends(require("jobs:read")),
+                 session: Session = Depends(get_session)):
+    return version_out(_version(session, who, model_id, number))
+
+
+@router.get("/{model_id}/versions/{number}/files")
+def list_files(model_id: str, number: int, who: Principal = Depends(require("artifacts:read")),
+               session: Session = Depends(get_session)):
+    v = _version(session, who, model_id, number)
+    return {"manifest_sha256": v.manifest_sha256, "files": v.manifest}
+
+
+RANGE = re.compile(r"^bytes=(\d*)-(\d*)$")
+
+
+@router.get("/{model_id}/versions/{number}/files/{path:path}")
+def download_file(model_id: str, number: int, path: str, who: Principal = Depends(require("artifacts:read")),
+                  session: Session = Depends(get_session), range_header: str | None = Header(None, alias="range"),
+                  if_none_match: str | None = Header(None)):
+    v = _version(session, who, model_id, number)
+    entry = next((f for f in v.manifest if f["path"] == path), None)
+    if entry is None:
+        raise not_found(f"file {path!r} of version {number}")
+    etag, size = f'"{entry["sha256"]}"', entry["size"]
+    headers = {"ETag": etag, "Accept-Ranges": "bytes"}
+    if if_none_match == etag:
+        return Response(status_code=304, headers=headers)
+    start, end = 0, size - 1
+    status = 200
+    if range_header:
+        match = RANGE.match(range_header.strip())
+        if not match or match.groups() == ("", ""):
+            raise Problem(416, "range-not-satisfiable", "Range not satisfiable", f"cannot serve {range_header!r}",
+                          headers={"Content-Range": f"bytes */{size}"})
+        first, last = match.groups()
+        if first == "":  # the last N bytes
+            start, end = max(0, size - int(last)), size - 1
+        else:
+            start, end = int(first), min(int(last), size - 1) if last else size - 1
+        if start >= size or start > end:
+            raise Problem(416, "range-not-satisfiable", "Range not satisfiable", f"{range_header!r} of {size} bytes",
+                          headers={"Content-Range": f"bytes */{size}"})
+        status = 206
+        headers["Content-Range"] = f"bytes {start}-{end}/{size}"
+    headers["Content-Length"] = str(end - start + 1)
+    location = v.location
+
+    def body():
+        with store().open(location, path) as handle:
+            handle.seek(start)
+            remaining = end - start + 1
+            while remaining > 0:
+                chunk = handle.read(min(CHUNK, remaining))
+                if not chunk:
+                    break
+                remaining -= len(chunk)
+                yield chunk
+
+    return StreamingResponse(body(), status_code=status, headers=headers, media_type="application/octet-stream")
+
+
+@router.get("/{model_id}/versions/{number}/archive")
+def download_archive(model_id: str, number: int, who: Principal = Depends(require("artifacts:read")),
+                     session: Session = Depends(get_session)):
+    v = _version(session, who, model_id, number)
+    manifest, location = v.manifest, v.location
+    name = f"{registry.get_model(session, who.tenant, model_id).name}-v{number}"
+
+    mtime = int(v.created_at.timestamp())
+
+    def body():
+        # tar written by hand, one block at a time, so a multi-GB shard is never held in memory.
+        artifacts = store()
+        for entry in manifest:
+            info = tarfile.TarInfo(f"{name}/{entry['path']}")
+            info.size, info.mode, info.mtime = entry["size"], 0o644, mtime
+            yield info.tobuf(format=tarfile.PAX_FORMAT)
+            with artifacts.open(location, entry["path"]) as handle:
+                while chunk := handle.read(CHUNK):
+                    yield chunk
+            yield b"\0" * (-entry["size"] % tarfile.BLOCKSIZE)
+        yield b"\0" * (2 * tarfile.BLOCKSIZE)
+
+    return StreamingResponse(body(), media_type="application/x-tar",
+                             headers={"Content-Disposition": f'attachment; filename="{name}.tar"',
+                                      "X-Manifest-SHA256": v.manifest_sha256})

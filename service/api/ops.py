@@ -1,0 +1,89 @@
+"""Health, readiness, Prometheus metrics, and API keys."""
+from __future__ import annotations
+
+from datetime import datetime
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily
+from sqlalchemy import func, select, text
+from sqlalchemy.orm import Session
+
+from service.auth import Principal, create_key, require
+from service.db import get_session, session_scope
+from service.models import JOB_STATES, Job
+from service.queue import broker_reachable, queue_depth
+from service.schemas import ApiKeyCreate, ApiKeyOut
+
+router = APIRouter(tags=["operations"])
+REGISTRY = CollectorRegistry()
+REQUEST_LATENCY = Histogram("lethe_http_request_duration_seconds", "HTTP request latency",
+                            ["method", "route", "status"], registry=REGISTRY,
+                            buckets=(0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10))
+DURATION_BUCKETS = (10, 30, 60, 120, 300, 600, 1800, 3600, 7200, float("inf"))
+
+
+class JobCollector:
+    """Jobs by state, job durations and queue depth, read from the database and broker at scrape time."""
+
+    def collect(self):
+        with session_scope() as session:
+            counts = dict(session.execute(select(Job.state, func.count()).group_by(Job.state)).all())
+            ended = session.execute(select(Job.state, Job.started_at, Job.ended_at)
+                                    .where(Job.ended_at.is_not(None), Job.started_at.is_not(None))
+                                    .order_by(Job.ended_at.desc()).limit(10_000)).all()
+        by_state = GaugeMetricFamily("lethe_jobs", "Jobs by state", labels=["state"])
+        for state in JOB_STATES:
+            by_state.add_metric([state], counts.get(state, 0))
+        yield by_state
+        durations = HistogramMetricFamily("lethe_job_duration_seconds", "Run time of ended jobs (latest 10k)",
+                                          labels=["state"])
+        for state in ("SUCCEEDED", "FAILED", "CANCELLED"):
+            seconds = [(e - s).total_seconds() for st, s, e in ended if st == state]
+            buckets = [(str(b), sum(1 for x in seconds if x <= b)) for b in DURATION_BUCKETS]
+            durations.add_metric([state], buckets, sum(seconds))
+        yield durations
+        depth = queue_depth()
+        if depth is not None:
+            yield GaugeMetricFamily("lethe_queue_depth", "Messages waiting in the job queue", value=depth)
+
+
+REGISTRY.register(JobCollector())
+
+
+@router.get("/healthz")
+def healthz():
+    return {"status": "ok"}
+
+
+@router.get("/readyz")
+def readyz(session: Session = Depends(get_session)):
+    checks = {}
+    try:
+        session.execute(text("SELECT 1"))
+        checks["database"] = "ok"
+    except Exception as exc:
+        checks["database"] = f"unreachable: {type(exc).__name__}"
+    checks["broker"] = "ok" if broker_reachable() else "unreachable"
+    ready = all(v == "ok" for v in checks.values())
+    return JSONResponse({"status": "ready" if ready else "not ready", "checks": checks}, status_code=200 if ready else 503)
+
+
+@router.get("/metrics")
+def metrics(_: Principal = Depends(require("jobs:read"))):
+    return Response(generate_latest(REGISTRY), media_type=CONTENT_TYPE_LATEST)
+
+
+@router.post("/v1/api-keys", status_code=201, response_model=ApiKeyOut)
+def new_api_key(body: ApiKeyCreate, who: Principal = Depends(require("admin")),
+                session: Session = Depends(get_session)):
+    key, secret = create_key(session, body.tenant, list(body.scopes), name=body.name)
+    session.commit()
+    return {"id": key.id, "tenant": key.tenant, "scopes": key.scopes, "name": key.name,
+            "created_at": key.created_at, "key": secret}
+
+
+def observe(request: Request, status: int, seconds: float) -> None:
+    route = request.scope.get("route")
+    REQUEST_LATENCY.labels(request.method, getattr(route, "path", "unmatched"), str(status)).observe(seconds)

@@ -1,0 +1,123 @@
+"""`make run`: the API and a real Celery worker process on the embedded default (SQLite, a filesystem
+broker, artifacts under .lethe/), with a demo model built and registered on first start."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+HOST, PORT = os.environ.get("LETHE_HOST", "127.0.0.1"), int(os.environ.get("LETHE_PORT", "8000"))
+DEMO_PEOPLE, DEMO_FORGET_PEOPLE = 10, 2
+
+
+def migrate(database_url: str) -> None:
+    from alembic import command
+    from alembic.config import Config
+
+    config = Config(str(Path(__file__).resolve().parents[1] / "alembic.ini"))
+    config.attributes["database_url"] = database_url
+    config.attributes["skip_logging"] = True
+    command.upgrade(config, "head")
+
+
+def admin_key(settings) -> str:
+    if settings.admin_key:
+        return settings.admin_key
+    path = Path(".lethe/admin_key")
+    if not path.exists():
+        from service.auth import new_secret
+
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(new_secret())
+        path.chmod(0o600)
+    return path.read_text().strip()
+
+
+def demo_model(settings) -> str:
+    """Build the demo fixture (seconds) and register it as model "demo"; returns its id."""
+    from sqlalchemy import select
+
+    from service.db import session_scope
+    from service.models import Model, new_id
+    from service.registry import add_version, copy_source
+    from service.store import ArtifactStore
+    from worker.engine.fixture import FixtureConfig, build_fixture
+    from worker.engine.recordset import normalise_records
+    from worker.engine.synthetic import synthetic_people
+
+    with session_scope() as session:
+        existing = session.scalar(select(Model).where(Model.tenant == settings.admin_tenant, Model.name == "demo"))
+        if existing:
+            return existing.id
+    people = synthetic_people(DEMO_PEOPLE, seed=0)
+    directory = Path(settings.import_roots[0]) / "demo-model"
+    if not (directory / "lethe_fixture.json").exists():
+        print("building the demo model (a small Qwen2 fixture that memorises a synthetic QA set)...", flush=True)
+        build_fixture([r for p in people for r in p], directory,
+                      FixtureConfig(seed=0, epochs=300, vocab_size=768, hidden_size=96, layers=2, heads=4), log=lambda _: None)
+    demo = Path(".lethe/demo")
+    demo.mkdir(parents=True, exist_ok=True)
+    (demo / "forget.json").write_text(json.dumps([r for p in people[:DEMO_FORGET_PEOPLE] for r in p], indent=1))
+    retain = normalise_records([r for p in people[DEMO_FORGET_PEOPLE:] for r in p], "retain")
+    with session_scope() as session:
+        model = Model(id=new_id("mdl"), tenant=settings.admin_tenant, name="demo", source=str(directory.resolve()),
+                      description="Demo fixture: a synthetic QA set of fictitious people", retain_records=retain)
+        session.add(model)
+        session.flush()
+        location = f"models/{model.id}/v1"
+        manifest = copy_source(settings, ArtifactStore(settings.artifact_root), str(directory), location)
+        add_version(session, model, location=location, manifest=manifest, parent=None, job_id=None,
+                    request_id=None, tags=["source"])
+        return model.id
+
+
+def main() -> int:
+    os.environ.setdefault("LETHE_ADMIN_KEY", "")
+    from service.settings import get_settings
+
+    settings = get_settings()
+    migrate(settings.database_url)
+    key = admin_key(settings)
+    os.environ["LETHE_ADMIN_KEY"] = key
+    get_settings.cache_clear()
+    settings = get_settings()
+    model_id = demo_model(settings)
+    worker = subprocess.Popen([sys.executable, "-m", "celery", "-A", "worker.celery_app", "worker", "-Q", settings.queue,
+                               "-c", "1", "--pool", "prefork", "-n", "embedded@%h", "--loglevel", "INFO"],
+                              env=os.environ.copy(), start_new_session=True)
+    print(f"""
+Lethe is serving on http://{HOST}:{PORT} (docs: http://{HOST}:{PORT}/docs), worker pid {worker.pid}.
+Admin key: {key}
+Demo model: {model_id}
+
+  curl -s -H "Authorization: Bearer {key}" http://{HOST}:{PORT}/v1/models/{model_id}/versions
+  python3 -c 'import json; print(json.dumps({{"model_id": "{model_id}", "request_id": "dsar-1", "forget": json.load(open(".lethe/demo/forget.json")), "params": {{"lr": 0.001}}}}))' > /tmp/lethe-request.json
+  curl -s -X POST -H "Authorization: Bearer {key}" -H "Content-Type: application/json" \\
+       -H "Idempotency-Key: dsar-1" --data @/tmp/lethe-request.json http://{HOST}:{PORT}/v1/unlearning-jobs
+  make demo    # the same, scripted: submits, follows progress, downloads the new version
+""", flush=True)
+    try:
+        import uvicorn
+
+        uvicorn.run("service.main:app", host=HOST, port=PORT, log_level="info")
+    finally:
+        stop_worker(worker)
+    return 0
+
+
+def stop_worker(worker: subprocess.Popen, grace: float = 10.0) -> None:
+    """Warm shutdown first; a job still running after the grace period is killed, and its lease lets
+    the next start take it over."""
+    os.killpg(worker.pid, signal.SIGTERM)
+    try:
+        worker.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        os.killpg(worker.pid, signal.SIGKILL)
+        worker.wait()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

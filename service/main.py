@@ -1,0 +1,80 @@
+"""The FastAPI application: routes, problem+json errors, body limits, metrics, the sweeper."""
+from __future__ import annotations
+
+import logging
+import time
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from service import problems
+from service.api import jobs, models, ops
+from service.auth import ensure_admin_key
+from service.db import session_scope
+from service.problems import Problem, problem_response
+from service.settings import get_settings
+from service.sweeper import Sweeper
+
+log = logging.getLogger("lethe.api")
+
+
+class BodyLimit:
+    """413 for bodies above LETHE_MAX_BODY_BYTES, by Content-Length or by counting a chunked stream."""
+
+    def __init__(self, app: ASGIApp, limit: int):
+        self.app, self.limit = app, limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        too_large = Problem(413, "payload-too-large", "Payload too large", f"the body exceeds {self.limit} bytes")
+        length = dict(scope["headers"]).get(b"content-length")
+        if length is not None and length.isdigit() and int(length) > self.limit:
+            return await problem_response(too_large, scope["path"])(scope, receive, send)
+        seen = 0
+
+        async def counted():
+            nonlocal seen
+            message = await receive()
+            seen += len(message.get("body", b""))
+            if seen > self.limit:
+                raise Problem(413, "payload-too-large", "Payload too large", f"the body exceeds {self.limit} bytes")
+            return message
+
+        return await self.app(scope, counted, send)
+
+
+@asynccontextmanager
+async def lifespan(app: FastAPI):
+    settings = get_settings()
+    if settings.admin_key:
+        with session_scope() as session:
+            ensure_admin_key(session, settings.admin_key, settings.admin_tenant)
+    sweeper = Sweeper()
+    sweeper.start()
+    yield
+    sweeper.stop()
+
+
+def create_app() -> FastAPI:
+    app = FastAPI(title="Lethe", version="0.1.0", lifespan=lifespan,
+                  description="Machine unlearning as a service: deletion requests in, unlearned model versions "
+                              "and audit evidence out.")
+    problems.install(app)
+    app.include_router(ops.router)
+    app.include_router(models.router)
+    app.include_router(jobs.router)
+
+    @app.middleware("http")
+    async def timing(request: Request, call_next):
+        started = time.perf_counter()
+        response = await call_next(request)
+        ops.observe(request, response.status_code, time.perf_counter() - started)
+        return response
+
+    app.add_middleware(BodyLimit, limit=get_settings().max_body_bytes)
+    return app
+
+
+app = create_app()

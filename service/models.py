@@ -1,0 +1,125 @@
+"""Database tables: API keys, models and their versions, unlearning jobs, idempotency records."""
+from __future__ import annotations
+
+import uuid
+from datetime import datetime, timezone
+
+from sqlalchemy import JSON, Boolean, DateTime, ForeignKey, Integer, String, Text, TypeDecorator, UniqueConstraint
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+JOB_STATES = ("QUEUED", "RUNNING", "CANCELLING", "SUCCEEDED", "FAILED", "CANCELLED")
+TERMINAL = ("SUCCEEDED", "FAILED", "CANCELLED")
+
+
+def utcnow() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}_{uuid.uuid4().hex}"
+
+
+class UTCDateTime(TypeDecorator):
+    """Aware UTC datetimes on every database (SQLite hands back naive ones otherwise)."""
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value, dialect):
+        if value is not None and value.tzinfo is None:
+            raise ValueError("naive datetime")
+        return value.astimezone(timezone.utc) if value is not None else None
+
+    def process_result_value(self, value, dialect):
+        if value is not None and value.tzinfo is None:
+            return value.replace(tzinfo=timezone.utc)
+        return value
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class ApiKey(Base):
+    __tablename__ = "api_keys"
+    id: Mapped[str] = mapped_column(String(40), primary_key=True, default=lambda: new_id("key"))
+    tenant: Mapped[str] = mapped_column(String(128), index=True)
+    name: Mapped[str] = mapped_column(String(256), default="")
+    key_hash: Mapped[str] = mapped_column(String(64), unique=True)  # sha256 of the secret
+    scopes: Mapped[list] = mapped_column(JSON)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+
+
+class Model(Base):
+    __tablename__ = "models"
+    __table_args__ = (UniqueConstraint("tenant", "name"),)
+    id: Mapped[str] = mapped_column(String(40), primary_key=True, default=lambda: new_id("mdl"))
+    tenant: Mapped[str] = mapped_column(String(128), index=True)
+    name: Mapped[str] = mapped_column(String(256))
+    source: Mapped[str] = mapped_column(Text)
+    description: Mapped[str | None] = mapped_column(Text, nullable=True)
+    retain_records: Mapped[list | None] = mapped_column(JSON, nullable=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+
+
+class ModelVersion(Base):
+    __tablename__ = "model_versions"
+    __table_args__ = (UniqueConstraint("model_id", "number"),)
+    id: Mapped[str] = mapped_column(String(40), primary_key=True, default=lambda: new_id("ver"))
+    model_id: Mapped[str] = mapped_column(ForeignKey("models.id"), index=True)
+    number: Mapped[int] = mapped_column(Integer)
+    parent_number: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    # One version per job at most: a retried or duplicated job cannot create a second one.
+    job_id: Mapped[str | None] = mapped_column(String(40), unique=True, nullable=True)
+    state: Mapped[str] = mapped_column(String(16), default="READY")
+    location: Mapped[str] = mapped_column(Text)  # the artifact store prefix
+    manifest: Mapped[list] = mapped_column(JSON)  # [{"path", "size", "sha256"}]
+    manifest_sha256: Mapped[str] = mapped_column(String(64))
+    erased_request_ids: Mapped[list] = mapped_column(JSON, default=list)
+    tags: Mapped[list] = mapped_column(JSON, default=list)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+
+
+class Job(Base):
+    __tablename__ = "jobs"
+    id: Mapped[str] = mapped_column(String(40), primary_key=True, default=lambda: new_id("job"))
+    tenant: Mapped[str] = mapped_column(String(128), index=True)
+    model_id: Mapped[str] = mapped_column(ForeignKey("models.id"), index=True)
+    base_version: Mapped[int] = mapped_column(Integer)
+    request_id: Mapped[str] = mapped_column(String(256))
+    method: Mapped[str] = mapped_column(String(32))
+    preset: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    params: Mapped[dict] = mapped_column(JSON)  # as requested; the engine resolves presets
+    state: Mapped[str] = mapped_column(String(16), index=True, default="QUEUED")
+    # The data being erased: kept only until the job is terminal (SPEC section 9).
+    forget_records: Mapped[list | None] = mapped_column(JSON, nullable=True)
+    forget_evidence: Mapped[dict] = mapped_column(JSON)  # count, per-record sha256, manifest sha256
+    retain_records: Mapped[list | None] = mapped_column(JSON, nullable=True)
+    holdout_records: Mapped[list | None] = mapped_column(JSON, nullable=True)
+    progress: Mapped[dict] = mapped_column(JSON, default=dict)
+    attempt: Mapped[int] = mapped_column(Integer, default=0)
+    max_attempts: Mapped[int] = mapped_column(Integer, default=3)
+    lease_owner: Mapped[str | None] = mapped_column(String(256), nullable=True)
+    lease_expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    heartbeat_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    enqueued_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    started_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    ended_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow, onupdate=utcnow)
+    error: Mapped[dict | None] = mapped_column(JSON, nullable=True)  # a problem object
+    result: Mapped[dict | None] = mapped_column(JSON, nullable=True)  # summary for the job view
+    engine_result: Mapped[dict | None] = mapped_column(JSON, nullable=True)  # the engine's result JSON
+
+
+class IdempotencyRecord(Base):
+    __tablename__ = "idempotency_records"
+    tenant: Mapped[str] = mapped_column(String(128), primary_key=True)
+    key: Mapped[str] = mapped_column(String(256), primary_key=True)
+    endpoint: Mapped[str] = mapped_column(String(256))
+    body_sha256: Mapped[str] = mapped_column(String(64))
+    status_code: Mapped[int] = mapped_column(Integer)
+    response: Mapped[dict] = mapped_column(JSON)
+    location: Mapped[str | None] = mapped_column(Text, nullable=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)

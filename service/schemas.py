@@ -1,0 +1,108 @@
+"""Request and response bodies. Unknown fields are refused (extra="forbid")."""
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+Record = dict[str, Any]  # checked by worker.engine.recordset with the engine's own rules
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ModelCreate(Strict):
+    name: str = Field(min_length=1, max_length=256, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+    source: str = Field(min_length=1, max_length=4096, description="local path | hf:org/name | s3://...")
+    retain: list[Record] | None = None
+    description: str | None = Field(default=None, max_length=10_000)
+
+
+class ModelOut(BaseModel):
+    id: str
+    name: str
+    source: str
+    description: str | None
+    retain_count: int
+    latest_version: int | None
+    created_at: datetime
+
+
+class VersionOut(BaseModel):
+    model_id: str
+    number: int
+    parent: int | None
+    job_id: str | None
+    state: str
+    manifest_sha256: str
+    files: int
+    size_bytes: int
+    erased_request_ids: list[str]
+    tags: list[str]
+    created_at: datetime
+
+
+class JobCreate(Strict):
+    model_id: str
+    version: int | None = Field(default=None, ge=1)
+    request_id: str = Field(min_length=1, max_length=256)
+    forget: list[Record] = Field(min_length=1)
+    retain: list[Record] | None = None
+    holdout: list[Record] | None = None
+    method: Literal["masc"] = "masc"
+    preset: str | None = None
+    params: dict[str, Any] | None = None
+
+
+class Progress(BaseModel):
+    step: int | None = None
+    max_steps: int | None = None
+    violation_rate: float | None = None
+    losses: dict[str, float] | None = None
+    heartbeat_at: datetime | None = None
+
+
+class JobResult(BaseModel):
+    model_version: int | None
+    stop_reason: str
+    steps: int
+    wall_seconds: float
+
+
+class JobOut(BaseModel):
+    id: str
+    state: str
+    request_id: str
+    model_id: str
+    base_version: int
+    method: str
+    progress: Progress
+    attempt: int
+    created_at: datetime
+    started_at: datetime | None
+    ended_at: datetime | None
+    error: dict | None
+    result: JobResult | None
+    forget: dict  # evidence only: count and hashes, never the records
+
+
+class Page(BaseModel):
+    items: list
+    next_page_token: str | None
+
+
+class ApiKeyCreate(Strict):
+    tenant: str = Field(min_length=1, max_length=128)
+    scopes: list[Literal["jobs:write", "jobs:read", "models:write", "artifacts:read", "admin"]] = Field(min_length=1)
+    name: str = Field(default="", max_length=256)
+
+
+class ApiKeyOut(BaseModel):
+    id: str
+    tenant: str
+    scopes: list[str]
+    name: str
+    created_at: datetime
+    key: str | None = None  # the secret, in the creation answer only

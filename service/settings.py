@@ -1,0 +1,39 @@
+"""Settings from the environment (prefix LETHE_). The defaults are the embedded mode: SQLite, a
+filesystem broker and artifacts under .lethe/, all on one machine with no Redis or PostgreSQL."""
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+HOME = Path(".lethe")
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="LETHE_", env_file=None)
+
+    database_url: str = f"sqlite:///{HOME}/lethe.db"
+    # "filesystem://" is kombu's broker in a folder (embedded mode); production: redis://host:6379/0.
+    broker_url: str = "filesystem://"
+    broker_dir: Path = HOME / "broker"
+    # A local folder, or any fsspec URI (s3://bucket/prefix).
+    artifact_root: str = str(HOME / "artifacts")
+    # Local model sources must lie under one of these folders (so a client cannot read the server's disk).
+    import_roots: list[str] = [str(HOME / "imports")]
+    admin_key: str | None = None
+    admin_tenant: str = "default"
+    max_body_bytes: int = 32 * 2**20
+    max_records: int = 20_000
+    max_attempts: int = 3
+    lease_seconds: float = 60.0  # a job whose worker is silent this long is taken over
+    heartbeat_seconds: float = 2.0
+    sweep_seconds: float = 10.0  # how often QUEUED and orphaned jobs are re-sent to the queue
+    visibility_timeout: int = 12 * 3600  # above the longest job (Redis redelivers unacked messages after it)
+    device: str = "auto"
+    queue: str = "gpu"
+
+
+@lru_cache
+def get_settings() -> Settings:
+    return Settings()

@@ -1,0 +1,50 @@
+"""Re-sends jobs whose message may be lost: QUEUED ones not sent for a while (broker down at submit,
+a filesystem broker's file lost) and RUNNING ones whose worker stopped renewing its lease. A duplicate
+message is harmless: the lease lets only one worker run a job."""
+from __future__ import annotations
+
+import logging
+import threading
+from datetime import timedelta
+
+from service.db import session_scope
+from service.jobs import fail_exhausted, jobs_to_resend
+from service.models import Job, utcnow
+from service.queue import enqueue
+from service.settings import get_settings
+
+log = logging.getLogger("lethe.sweeper")
+RESEND_QUEUED_AFTER = timedelta(minutes=10)
+
+
+def sweep_once() -> list[str]:
+    now = utcnow()
+    with session_scope() as session:
+        # Jobs whose every attempt died end FAILED here; the rest are sent again.
+        for job_id in session.scalars(Job.__table__.select().with_only_columns(Job.id)
+                                      .where(Job.state.in_(("RUNNING", "CANCELLING")), Job.lease_expires_at < now)):
+            fail_exhausted(session, job_id)
+        due = jobs_to_resend(session, now - RESEND_QUEUED_AFTER, now)
+    for job_id in due:
+        try:
+            enqueue(job_id)
+        except Exception:
+            log.exception("re-sending job %s failed; next sweep tries again", job_id)
+    return due
+
+
+class Sweeper(threading.Thread):
+    def __init__(self):
+        super().__init__(name="lethe-sweeper", daemon=True)
+        self.stopped = threading.Event()
+
+    def run(self):
+        while not self.stopped.wait(get_settings().sweep_seconds):
+            try:
+                if resent := sweep_once():
+                    log.warning("re-sent %d job(s): %s", len(resent), resent)
+            except Exception:
+                log.exception("sweep failed")
+
+    def stop(self):
+        self.stopped.set()

@@ -1,0 +1,115 @@
+"""A deletion request through the running service: submit, follow, download, verify, reload; cancel;
+and a worker SIGKILLed in the middle of a job."""
+import hashlib
+import io
+import json
+import tarfile
+import time
+
+import torch
+
+from service.db import session_scope
+from service.models import Job, ModelVersion
+from service.store import manifest_sha256
+from tests.service.conftest import auth, wait_for
+from worker.engine.evaluate import exact_match
+from worker.engine.loading import load_model
+from worker.engine.records import encode_records, normalise_records
+
+FAST = {"lr": 1e-3, "max_steps": 400}
+
+
+def submit(client, model, forget, request_id, params=None, key=None, **extra):
+    headers = {**auth(), **({"Idempotency-Key": key} if key else {})}
+    return client.post("/v1/unlearning-jobs", headers=headers,
+                       json={"model_id": model["id"], "request_id": request_id, "forget": forget,
+                             "params": params or FAST, **extra})
+
+
+def versions(client, model):
+    return client.get(f"/v1/models/{model['id']}/versions", headers=auth()).json()["items"]
+
+
+def test_full_life_of_a_deletion_request(client, worker, registered_model, forget_records, tmp_path):
+    answer = submit(client, registered_model, forget_records, "dsar-full-life")
+    assert answer.status_code == 202, answer.text
+    job = answer.json()
+    assert answer.headers["location"] == f"/v1/unlearning-jobs/{job['id']}"
+    assert job["state"] == "QUEUED" and job["forget"]["count"] == len(forget_records)
+    # Server-sent events follow it to the end.
+    with client.stream("GET", f"/v1/unlearning-jobs/{job['id']}/events", headers=auth()) as stream:
+        events = [line for line in stream.iter_lines() if line.startswith("event:")]
+    assert "event: progress" in events and events[-1] == "event: state" and events.count("event: state") >= 2
+    done = wait_for(client, job["id"])
+    assert done["state"] == "SUCCEEDED", done
+    assert done["result"]["stop_reason"] == "alpha" and done["result"]["model_version"] == 2
+    assert done["progress"]["step"] == done["result"]["steps"] and done["attempt"] == 1
+
+    version = client.get(f"/v1/models/{registered_model['id']}/versions/2", headers=auth()).json()
+    assert version["parent"] == 1 and version["job_id"] == job["id"]
+    assert version["erased_request_ids"] == ["dsar-full-life"]
+    engine = client.get(f"/v1/unlearning-jobs/{job['id']}/result", headers=auth()).json()
+    assert engine["stop_reason"] == "alpha" and engine["bound"]["aggregate"]["records"] == len(forget_records)
+
+    # The archive: every file's sha256 matches the manifest, and the manifest its hash.
+    files = client.get(f"/v1/models/{registered_model['id']}/versions/2/files", headers=auth()).json()
+    archive = client.get(f"/v1/models/{registered_model['id']}/versions/2/archive", headers=auth())
+    assert archive.status_code == 200
+    with tarfile.open(fileobj=io.BytesIO(archive.content)) as tar:
+        members = {m.name.split("/", 1)[1]: tar.extractfile(m).read() for m in tar.getmembers()}
+        tar.extractall(tmp_path, filter="data")
+    assert {f["path"] for f in files["files"]} == set(members)
+    for entry in files["files"]:
+        assert hashlib.sha256(members[entry["path"]]).hexdigest() == entry["sha256"]
+    assert manifest_sha256(files["files"]) == files["manifest_sha256"] == version["manifest_sha256"]
+
+    # One file with Range and ETag.
+    weights = next(f for f in files["files"] if f["path"] == "model.safetensors")
+    part = client.get(f"/v1/models/{registered_model['id']}/versions/2/files/model.safetensors",
+                      headers={**auth(), "Range": "bytes=100-199"})
+    assert part.status_code == 206 and part.content == members["model.safetensors"][100:200]
+    assert part.headers["etag"] == f'"{weights["sha256"]}"'
+    assert part.headers["content-range"] == f"bytes 100-199/{weights['size']}"
+
+    # The downloaded version loads with from_pretrained and no longer reproduces the forget set.
+    model, tokenizer = load_model(next(tmp_path.iterdir()), torch.device("cpu"))
+    forget = encode_records(normalise_records(forget_records, "forget"), tokenizer, max_length=512, seed=0,
+                            what="forget")
+    assert exact_match(model, tokenizer, forget)["value"] <= 0.1
+
+    # The erased data is gone from the database; its evidence stays.
+    with session_scope() as session:
+        row = session.get(Job, job["id"])
+        assert row.forget_records is None
+        assert row.forget_evidence["count"] == len(forget_records)
+        assert len(row.forget_evidence["records"]) == len(forget_records)
+        assert "completion" not in json.dumps(row.forget_evidence)
+
+
+def test_cancel_a_running_job(client, worker, registered_model, forget_records):
+    before = len(versions(client, registered_model))
+    slow = {"lr": 1e-7, "max_steps": 100000, "check_every": 1000}  # would run for many minutes
+    job = submit(client, registered_model, forget_records, "dsar-cancel", params=slow, version=1).json()
+    wait_for(client, job["id"], states=("RUNNING",), condition=lambda j: (j["progress"].get("step") or 0) > 2)
+    answer = client.post(f"/v1/unlearning-jobs/{job['id']}:cancel", headers=auth())
+    assert answer.status_code == 200 and answer.json()["state"] in ("CANCELLING", "CANCELLED")
+    done = wait_for(client, job["id"], timeout=60)
+    assert done["state"] == "CANCELLED" and done["result"]["model_version"] is None
+    assert len(versions(client, registered_model)) == before
+    again = client.post(f"/v1/unlearning-jobs/{job['id']}:cancel", headers=auth())
+    assert again.status_code == 409 and again.headers["content-type"] == "application/problem+json"
+
+
+def test_sigkilled_worker_job_is_retried_and_succeeds_exactly_once(client, worker, registered_model, forget_records):
+    params = {"lr": 1e-3, "max_steps": 150, "check_every": 1000}  # runs to max_steps: long enough to kill
+    job = submit(client, registered_model, forget_records, "dsar-sigkill", params=params, version=1).json()
+    wait_for(client, job["id"], states=("RUNNING",), condition=lambda j: (j["progress"].get("step") or 0) > 5)
+    worker.kill()
+    time.sleep(1)
+    worker.start()
+    done = wait_for(client, job["id"])
+    assert done["state"] == "SUCCEEDED", done
+    assert done["attempt"] == 2 and done["result"]["steps"] == 150
+    with session_scope() as session:
+        made = session.query(ModelVersion).filter_by(job_id=job["id"]).all()
+    assert len(made) == 1 and made[0].number == done["result"]["model_version"]

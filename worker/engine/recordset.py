@@ -1,0 +1,68 @@
+"""Record sets (SPEC section 2) as JSON: reading and checking, with no torch, so that the API can
+refuse a bad request with the very rules the engine applies."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from worker.engine.errors import EngineInputError
+
+# TOFU rows map onto our fields (SPEC section 2).
+TOFU_FIELDS = {"question": "prompt", "answer": "completion", "paraphrased_question": "paraphrased_prompt",
+               "paraphrased_answer": "paraphrased_completion", "perturbed_answers": "perturbed_completions"}
+
+
+def read_records(path: str | Path) -> list[dict]:
+    """A JSON list or JSON Lines file of records."""
+    path = Path(path)
+    if not path.is_file():
+        raise EngineInputError(f"{path}: no such file")
+    text = path.read_text(encoding="utf-8")
+    stripped = text.lstrip()
+    try:
+        if stripped.startswith("["):
+            records = json.loads(stripped)
+        else:
+            records = []
+            for number, line in enumerate(text.splitlines(), start=1):
+                if line.strip():
+                    try:
+                        records.append(json.loads(line))
+                    except json.JSONDecodeError as exc:
+                        raise EngineInputError(f"{path}: line {number} is not JSON ({exc.msg})") from None
+    except json.JSONDecodeError as exc:
+        raise EngineInputError(f"{path}: not JSON ({exc.msg})") from None
+    return records
+
+
+def normalise_records(records, what: str, *, allow_empty: bool = False) -> list[dict]:
+    """Check every record and map TOFU rows; errors name the set and the record."""
+    if not isinstance(records, list):
+        raise EngineInputError(f"{what} set: expected a list of records")
+    if not records and not allow_empty:
+        raise EngineInputError(f"{what} set is empty")
+    out, seen = [], set()
+    for index, record in enumerate(records):
+        if not isinstance(record, dict):
+            raise EngineInputError(f"{what} record {index}: expected an object")
+        record = {TOFU_FIELDS.get(key, key): value for key, value in record.items()}
+        rid = str(record.get("id", index))
+        name = f"{what} record {index} (id {rid!r})"
+        if rid in seen:
+            raise EngineInputError(f"{name}: duplicate id")
+        seen.add(rid)
+        has_pair = "prompt" in record or "completion" in record
+        if has_pair and "text" in record:
+            raise EngineInputError(f"{name}: has both text and prompt/completion; give one form")
+        if has_pair:
+            if not isinstance(record.get("prompt"), str) or not isinstance(record.get("completion"), str):
+                raise EngineInputError(f"{name}: prompt and completion must both be strings")
+            if not record["completion"]:
+                raise EngineInputError(f"{name}: empty completion")
+        elif "text" in record:
+            if not isinstance(record["text"], str) or not record["text"].strip():
+                raise EngineInputError(f"{name}: text must be a non-empty string")
+        else:
+            raise EngineInputError(f"{name}: needs prompt and completion, or text")
+        out.append({**record, "id": rid})
+    return out

@@ -1,0 +1,154 @@
+"""One unlearning job on a worker: take the lease, run the engine with heartbeats and cancellation,
+store the checkpoint, create the version, end the job. Reads top to bottom."""
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import tempfile
+import threading
+import traceback
+from pathlib import Path
+
+from service.db import session_scope
+from service.jobs import acquire_lease, end_job, fail_exhausted, heartbeat
+from service.models import Job, ModelVersion
+from service.registry import add_version, get_model, get_version
+from service.settings import get_settings
+from service.store import ArtifactStore
+
+log = logging.getLogger("lethe.worker")
+
+
+class LeaseKeeper(threading.Thread):
+    """Renews the lease and publishes progress every heartbeat; notices cancellation and a lost lease."""
+
+    def __init__(self, job_id: str, owner: str):
+        super().__init__(name=f"lease-{job_id}", daemon=True)
+        self.job_id, self.owner = job_id, owner
+        self.settings = get_settings()
+        self.latest_progress: dict | None = None
+        self.cancelled = threading.Event()
+        self.lost = threading.Event()
+        self.done = threading.Event()
+
+    def beat(self) -> None:
+        with session_scope() as session:
+            ours, cancel = heartbeat(session, self.job_id, self.owner, self.settings.lease_seconds,
+                                     self.latest_progress)
+        if not ours:
+            self.lost.set()
+        if cancel:
+            self.cancelled.set()
+
+    def run(self) -> None:
+        while not self.done.wait(self.settings.heartbeat_seconds):
+            try:
+                self.beat()
+            except Exception:  # a database hiccup: the lease has slack for a few missed beats
+                log.exception("heartbeat failed for job %s", self.job_id)
+
+    def should_stop(self) -> bool:
+        return self.cancelled.is_set() or self.lost.is_set()
+
+
+def problem(kind: str, title: str, status: int, detail: str) -> dict:
+    return {"type": f"https://lethe.dev/problems/{kind}", "title": title, "status": status, "detail": detail}
+
+
+def run(job_id: str) -> str:
+    settings = get_settings()
+    owner = f"{socket.gethostname()}:{os.getpid()}"
+    with session_scope() as session:
+        if not acquire_lease(session, job_id, owner, settings.lease_seconds):
+            # Finished, running elsewhere, or out of attempts: a duplicate delivery does nothing.
+            return "failed: attempts exhausted" if fail_exhausted(session, job_id) else "skipped"
+        job = session.get(Job, job_id)
+        if job.state == "CANCELLING":
+            end_job(job, "CANCELLED", result=_result(None, "cancelled", 0, 0.0))
+            return "cancelled"
+        model = get_model(session, job.tenant, job.model_id)
+        base = get_version(session, model, job.base_version)
+        work = dict(forget=job.forget_records, retain=job.retain_records or [], params=job.params,
+                    preset=job.preset, method=job.method, location=base.location)
+
+    keeper = LeaseKeeper(job_id, owner)
+    keeper.start()
+    try:
+        return _execute(job_id, work, keeper, settings)
+    finally:
+        keeper.done.set()
+
+
+def _execute(job_id: str, work: dict, keeper: LeaseKeeper, settings) -> str:
+    from worker.engine.errors import EngineInputError
+    from worker.engine.loading import save_model
+    from worker.engine.params import MascParams
+    from worker.engine.unlearn import run_unlearning
+
+    store = ArtifactStore(settings.artifact_root)
+    try:
+        with tempfile.TemporaryDirectory(prefix="lethe-") as tmp:
+            source = store.local_path(work["location"]) or store.fetch_directory(work["location"], Path(tmp) / "base")
+            params = MascParams.from_dict(work["params"], preset=work["preset"])
+
+            def progress(p):
+                keeper.latest_progress = {k: p[k] for k in ("step", "max_steps", "violation_rate", "losses")}
+
+            outcome = run_unlearning(str(source), work["forget"], work["retain"], params=params,
+                                     method=work["method"], device=settings.device, progress=progress,
+                                     should_cancel=keeper.should_stop)
+            if keeper.lost.is_set():
+                return "lease lost"  # another worker owns the job now; write nothing
+            location = f"jobs/{job_id}/model"
+            manifest = None
+            if outcome.model is not None:
+                save_model(outcome.model, outcome.tokenizer, Path(tmp) / "out")
+                manifest = store.put_local_directory(Path(tmp) / "out", location)
+            return _finish(job_id, keeper, outcome.result, location, manifest)
+    except EngineInputError as exc:
+        return _fail(job_id, keeper, problem("invalid-request", "Invalid request", 422, str(exc)))
+    except Exception as exc:
+        log.exception("job %s failed", job_id)
+        detail = f"{type(exc).__name__}: {exc}".strip()[:2000]
+        return _fail(job_id, keeper, problem("job-failed", "Job failed", 500, detail),
+                     trace=traceback.format_exc()[-4000:])
+
+
+def _result(version: int | None, stop_reason: str, steps: int, wall_seconds: float) -> dict:
+    return {"model_version": version, "stop_reason": stop_reason, "steps": steps, "wall_seconds": wall_seconds}
+
+
+def _finish(job_id: str, keeper: LeaseKeeper, result: dict, location: str, manifest: list | None) -> str:
+    """One transaction: the version (at most one per job) and the job's end, if the lease is still ours."""
+    keeper.done.set()
+    with session_scope() as session:
+        job = session.get(Job, job_id, with_for_update=True)
+        if job.lease_owner != keeper.owner or job.state not in ("RUNNING", "CANCELLING"):
+            return "lease lost"
+        job.engine_result = result
+        if keeper.latest_progress is not None:
+            job.progress = keeper.latest_progress
+        if manifest is None or job.cancel_requested:
+            end_job(job, "CANCELLED", result=_result(None, "cancelled", result["steps"], result["wall_seconds"]))
+            return "cancelled"
+        model = get_model(session, job.tenant, job.model_id)
+        parent = get_version(session, model, job.base_version)
+        existing = session.query(ModelVersion).filter_by(job_id=job_id).one_or_none()
+        version = existing or add_version(session, model, location=location, manifest=manifest, parent=parent,
+                                          job_id=job_id, request_id=job.request_id)
+        end_job(job, "SUCCEEDED", result=_result(version.number, result["stop_reason"], result["steps"],
+                                                  result["wall_seconds"]))
+        return f"succeeded: version {version.number}"
+
+
+def _fail(job_id: str, keeper: LeaseKeeper, error: dict, trace: str | None = None) -> str:
+    keeper.done.set()
+    with session_scope() as session:
+        job = session.get(Job, job_id, with_for_update=True)
+        if job.lease_owner != keeper.owner:
+            return "lease lost"
+        if trace:
+            error = {**error, "trace": trace}
+        end_job(job, "FAILED", error=error)
+    return "failed"
