@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install test bench-engine clean
+.PHONY: install run demo test bench-engine clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -15,6 +15,14 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 install: $(STAMP)
+
+# The API on http://127.0.0.1:8000 with a real worker process, SQLite, a filesystem broker, a demo model.
+run: $(STAMP)
+	$(PY) -m service.embedded
+
+# A scripted client of `make run` (in another terminal): submit, follow, download, compare.
+demo: $(STAMP)
+	$(PY) -m service.demo
 
 test: $(STAMP)
 	$(PY) -m pytest -q

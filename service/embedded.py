@@ -10,7 +10,9 @@ import sys
 from pathlib import Path
 
 HOST, PORT = os.environ.get("LETHE_HOST", "127.0.0.1"), int(os.environ.get("LETHE_PORT", "8000"))
-DEMO_PEOPLE, DEMO_FORGET_PEOPLE = 10, 2
+DEMO_PEOPLE, DEMO_FORGET_PEOPLE = 8, 2
+# Small enough to build in seconds on a laptop CPU, large enough to memorise 40 facts.
+DEMO_FIXTURE = dict(seed=0, epochs=300, vocab_size=512, hidden_size=64, layers=2, heads=4)
 
 
 def migrate(database_url: str) -> None:
@@ -57,7 +59,7 @@ def demo_model(settings) -> str:
     if not (directory / "lethe_fixture.json").exists():
         print("building the demo model (a small Qwen2 fixture that memorises a synthetic QA set)...", flush=True)
         build_fixture([r for p in people for r in p], directory,
-                      FixtureConfig(seed=0, epochs=300, vocab_size=768, hidden_size=96, layers=2, heads=4), log=lambda _: None)
+                      FixtureConfig(**DEMO_FIXTURE), log=lambda _: None)
     demo = Path(".lethe/demo")
     demo.mkdir(parents=True, exist_ok=True)
     (demo / "forget.json").write_text(json.dumps([r for p in people[:DEMO_FORGET_PEOPLE] for r in p], indent=1))

@@ -146,7 +146,7 @@ def auth(key: str = ADMIN_KEY) -> dict:
     return {"Authorization": f"Bearer {key}"}
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def registered_model(client, fixture_model, retain_records):
     answer = client.post("/v1/models", headers=auth(), json={"name": "tiny-" + uuid.uuid4().hex[:6],
                                                             "source": str(fixture_model), "retain": retain_records})
