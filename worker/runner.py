@@ -70,7 +70,9 @@ def run(job_id: str) -> str:
         model = get_model(session, job.tenant, job.model_id)
         base = get_version(session, model, job.base_version)
         work = dict(forget=job.forget_records, retain=job.retain_records or [], params=job.params,
-                    preset=job.preset, method=job.method, location=base.location)
+                    preset=job.preset, method=job.method, location=base.location,
+                    card=dict(model=model.name, source=model.source, parent=base.number, job=job.id,
+                              erased=[*base.erased_request_ids, job.request_id]))
 
     keeper = LeaseKeeper(job_id, owner)
     keeper.start()
@@ -104,6 +106,7 @@ def _execute(job_id: str, work: dict, keeper: LeaseKeeper, settings) -> str:
             manifest = None
             if outcome.model is not None:
                 save_model(outcome.model, outcome.tokenizer, Path(tmp) / "out")
+                (Path(tmp) / "out" / "README.md").write_text(model_card(work["card"], outcome.result))
                 manifest = store.put_local_directory(Path(tmp) / "out", location)
             return _finish(job_id, keeper, outcome.result, location, manifest)
     except EngineInputError as exc:
@@ -113,6 +116,15 @@ def _execute(job_id: str, work: dict, keeper: LeaseKeeper, settings) -> str:
         detail = f"{type(exc).__name__}: {exc}".strip()[:2000]
         return _fail(job_id, keeper, problem("job-failed", "Job failed", 500, detail),
                      trace=traceback.format_exc()[-4000:])
+
+
+def model_card(card: dict, result: dict) -> str:
+    """The checkpoint's README: base model and lineage (SPEC section 7). Request ids, never records."""
+    erased = "\n".join(f"- {r}" for r in card["erased"])
+    return (f"# {card['model']}: unlearned checkpoint\n\n"
+            f"- Base model (lineage root): {card['source']}\n- Parent version: {card['parent']}\n"
+            f"- Produced by job: {card['job']} ({result['method']}, stop reason {result['stop_reason']}, "
+            f"{result['steps']} steps)\n\nErasure requests applied along this lineage:\n\n{erased}\n")
 
 
 def _result(version: int | None, stop_reason: str, steps: int, wall_seconds: float) -> dict:

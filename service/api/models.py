@@ -94,18 +94,22 @@ def list_versions(model_id: str, who: Principal = Depends(require("jobs:read")),
     return {"items": [version_out(v) for v in rows], "next_page_token": None}
 
 
-def _version(session, who, model_id, number) -> ModelVersion:
-    return registry.get_version(session, registry.get_model(session, who.tenant, model_id), number)
+def _version(session, who, model_id, number: str) -> ModelVersion:
+    """A version by number, or the alias `latest` (the newest READY version)."""
+    if number != "latest" and not number.isdigit():
+        raise invalid(f"version {number!r}: expected a number or 'latest'", "number")
+    return registry.get_version(session, registry.get_model(session, who.tenant, model_id),
+                                None if number == "latest" else int(number))
 
 
 @router.get("/{model_id}/versions/{number}", response_model=VersionOut)
-def read_version(model_id: str, number: int, who: Principal = Depends(require("jobs:read")),
+def read_version(model_id: str, number: str, who: Principal = Depends(require("jobs:read")),
                  session: Session = Depends(get_session)):
     return version_out(_version(session, who, model_id, number))
 
 
 @router.get("/{model_id}/versions/{number}/files")
-def list_files(model_id: str, number: int, who: Principal = Depends(require("artifacts:read")),
+def list_files(model_id: str, number: str, who: Principal = Depends(require("artifacts:read")),
                session: Session = Depends(get_session)):
     v = _version(session, who, model_id, number)
     return {"manifest_sha256": v.manifest_sha256, "files": v.manifest}
@@ -115,13 +119,13 @@ RANGE = re.compile(r"^bytes=(\d*)-(\d*)$")
 
 
 @router.get("/{model_id}/versions/{number}/files/{path:path}")
-def download_file(model_id: str, number: int, path: str, who: Principal = Depends(require("artifacts:read")),
+def download_file(model_id: str, number: str, path: str, who: Principal = Depends(require("artifacts:read")),
                   session: Session = Depends(get_session), range_header: str | None = Header(None, alias="range"),
                   if_none_match: str | None = Header(None)):
     v = _version(session, who, model_id, number)
     entry = next((f for f in v.manifest if f["path"] == path), None)
     if entry is None:
-        raise not_found(f"file {path!r} of version {number}")
+        raise not_found(f"file {path!r} of version {v.number}")
     etag, size = f'"{entry["sha256"]}"', entry["size"]
     headers = {"ETag": etag, "Accept-Ranges": "bytes"}
     if if_none_match == etag:
@@ -161,11 +165,11 @@ def download_file(model_id: str, number: int, path: str, who: Principal = Depend
 
 
 @router.get("/{model_id}/versions/{number}/archive")
-def download_archive(model_id: str, number: int, who: Principal = Depends(require("artifacts:read")),
+def download_archive(model_id: str, number: str, who: Principal = Depends(require("artifacts:read")),
                      session: Session = Depends(get_session)):
     v = _version(session, who, model_id, number)
     manifest, location = v.manifest, v.location
-    name = f"{registry.get_model(session, who.tenant, model_id).name}-v{number}"
+    name = f"{registry.get_model(session, who.tenant, model_id).name}-v{v.number}"
 
     mtime = int(v.created_at.timestamp())
 

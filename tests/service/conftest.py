@@ -154,6 +154,20 @@ def registered_model(client, fixture_model, retain_records):
     return answer.json()
 
 
+@pytest.fixture(scope="module")
+def cancel_leftovers(registered_model):
+    """For modules that create jobs they do not run: cancel them at the end, so that the worker of a
+    later module does not spend its time on them."""
+    yield
+    from service.db import session_scope
+    from service.jobs import end_job
+    from service.models import Job
+
+    with session_scope() as session:
+        for job in session.query(Job).filter(Job.model_id == registered_model["id"], Job.state == "QUEUED"):
+            end_job(job, "CANCELLED")
+
+
 def wait_for(client, job_id: str, states=("SUCCEEDED", "FAILED", "CANCELLED"), timeout: float = 240,
              condition=None) -> dict:
     deadline = time.time() + timeout

@@ -27,6 +27,9 @@ def job_body(model, forget, **overrides):
             "params": {"max_steps": 1}, **overrides}
 
 
+pytestmark = pytest.mark.usefixtures("cancel_leftovers")
+
+
 def test_health_needs_no_key_and_everything_else_does(client):
     assert client.get("/healthz").json() == {"status": "ok"}
     ready = client.get("/readyz")

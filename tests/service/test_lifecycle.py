@@ -62,6 +62,10 @@ def test_full_life_of_a_deletion_request(client, worker, registered_model, forge
     for entry in files["files"]:
         assert hashlib.sha256(members[entry["path"]]).hexdigest() == entry["sha256"]
     assert manifest_sha256(files["files"]) == files["manifest_sha256"] == version["manifest_sha256"]
+    card = members["README.md"].decode()  # the model card names the lineage, never the records
+    assert "dsar-full-life" in card and "Parent version: 1" in card and forget_records[0]["completion"] not in card
+    latest = client.get(f"/v1/models/{registered_model['id']}/versions/latest", headers=auth()).json()
+    assert latest["number"] == 2
 
     # One file with Range and ETag.
     weights = next(f for f in files["files"] if f["path"] == "model.safetensors")

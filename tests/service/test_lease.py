@@ -1,0 +1,82 @@
+"""The database lease: a duplicate or redelivered message never runs a job twice; a job whose worker
+died is taken over, re-sent by the sweeper, and FAILED with the reason after max_attempts."""
+from datetime import timedelta
+
+import pytest
+
+from service.db import session_scope
+from service.jobs import acquire_lease, forget_evidence, jobs_to_resend
+from service.models import Job, new_id, utcnow
+from service.sweeper import sweep_once
+from worker.runner import run
+
+RECORDS = [{"id": "r1", "prompt": "Q", "completion": "A"}]
+
+
+def make_job(model_id: str, **fields) -> str:
+    with session_scope() as session:
+        job = Job(id=new_id("job"), tenant="default", model_id=model_id, base_version=1, request_id="lease-test",
+                  method="masc", params={}, forget_records=RECORDS, forget_evidence=forget_evidence(RECORDS),
+                  progress={}, max_attempts=3, cancel_requested=False, **{"state": "QUEUED", "attempt": 0, **fields})
+        session.add(job)
+        return job.id
+
+
+def read(job_id: str) -> Job:
+    with session_scope() as session:
+        return session.get(Job, job_id)
+
+
+pytestmark = pytest.mark.usefixtures("cancel_leftovers")
+
+
+def test_a_finished_job_is_not_run_again(registered_model):
+    job_id = make_job(registered_model["id"], state="SUCCEEDED", attempt=1)
+    assert run(job_id) == "skipped"
+    assert read(job_id).state == "SUCCEEDED" and read(job_id).attempt == 1
+
+
+def test_a_job_with_a_live_lease_is_left_to_its_worker(registered_model):
+    live = utcnow() + timedelta(minutes=5)
+    job_id = make_job(registered_model["id"], state="RUNNING", attempt=1, lease_owner="other:1", lease_expires_at=live)
+    assert run(job_id) == "skipped"
+    job = read(job_id)
+    assert (job.state, job.attempt, job.lease_owner) == ("RUNNING", 1, "other:1")
+
+
+def test_an_expired_lease_is_taken_over_once(registered_model):
+    expired = utcnow() - timedelta(seconds=1)
+    job_id = make_job(registered_model["id"], state="RUNNING", attempt=1, lease_owner="dead:1", lease_expires_at=expired)
+    with session_scope() as session:
+        assert acquire_lease(session, job_id, "new:2", 60)
+    with session_scope() as session:
+        assert not acquire_lease(session, job_id, "third:3", 60)  # now live again: nobody else gets it
+    job = read(job_id)
+    assert (job.state, job.attempt, job.lease_owner) == ("RUNNING", 2, "new:2")
+
+
+def test_attempts_exhausted_ends_failed_with_the_reason(registered_model):
+    expired = utcnow() - timedelta(seconds=1)
+    job_id = make_job(registered_model["id"], state="RUNNING", attempt=3, lease_owner="dead:1", lease_expires_at=expired)
+    assert run(job_id) == "failed: attempts exhausted"
+    job = read(job_id)
+    assert job.state == "FAILED" and "died during each of 3 attempts" in job.error["detail"]
+    assert job.forget_records is None and job.forget_evidence["count"] == 1
+
+
+def test_sweeper_resends_orphans_once_per_expiry(registered_model):
+    now = utcnow()
+    orphan = make_job(registered_model["id"], state="RUNNING", attempt=1, lease_owner="dead:1",
+                      lease_expires_at=now - timedelta(seconds=5), enqueued_at=now - timedelta(minutes=1))
+    stale = make_job(registered_model["id"], state="QUEUED", enqueued_at=now - timedelta(hours=1))
+    fresh = make_job(registered_model["id"], state="QUEUED", enqueued_at=now)
+    with session_scope() as session:
+        first = jobs_to_resend(session, now - timedelta(minutes=10), now)
+    with session_scope() as session:
+        second = jobs_to_resend(session, now - timedelta(minutes=10), now + timedelta(seconds=1))
+    assert {orphan, stale} <= set(first) and fresh not in first
+    assert orphan not in second and stale not in second
+    exhausted = make_job(registered_model["id"], state="RUNNING", attempt=3, lease_owner="dead:1",
+                         lease_expires_at=now - timedelta(seconds=5))
+    sweep_once()
+    assert read(exhausted).state == "FAILED"
