@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install run demo test bench-engine clean
+.PHONY: install run demo test bench-engine bench-service clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -29,6 +29,10 @@ test: $(STAMP)
 
 bench-engine: $(STAMP)
 	$(PY) -m bench.bench_engine
+
+bench-service: $(STAMP)
+	command -v wrk >/dev/null || (apt-get update -qq && apt-get install -y -qq wrk)
+	$(PY) -m bench.bench_service
 
 clean:
 	rm -rf $(VENV) .pytest_cache bench/.fixtures

@@ -3,13 +3,15 @@ from __future__ import annotations
 
 import hashlib
 import secrets
+import time
 from dataclasses import dataclass
 
+import anyio
 from fastapi import Depends, Request
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from service.db import get_session
+from service.db import session_scope
 from service.models import ApiKey
 from service.problems import Problem
 
@@ -46,20 +48,43 @@ def ensure_admin_key(session: Session, secret: str, tenant: str) -> None:
         create_key(session, tenant, list(SCOPES), name="admin (LETHE_ADMIN_KEY)", secret=secret)
 
 
-def principal(request: Request, session: Session = Depends(get_session)) -> Principal:
-    header = request.headers.get("authorization", "")
-    scheme, _, token = header.partition(" ")
+# Key hash -> (expiry, principal or None). Saves a query per request; a revoked key stops working
+# within KEY_CACHE_SECONDS.
+KEY_CACHE_SECONDS = 5.0
+_key_cache: dict[str, tuple[float, Principal | None]] = {}
+
+
+def lookup(secret: str) -> Principal | None:
+    digest, now = hash_key(secret), time.monotonic()
+    hit = _key_cache.get(digest)
+    if hit is not None and hit[0] > now:
+        return hit[1]
+    with session_scope() as session:
+        key = session.scalar(select(ApiKey).where(ApiKey.key_hash == digest))
+        found = None if key is None or key.revoked_at is not None else \
+            Principal(key.id, key.tenant, frozenset(key.scopes))
+    if len(_key_cache) > 10_000:
+        _key_cache.clear()
+    _key_cache[digest] = (now + KEY_CACHE_SECONDS, found)
+    return found
+
+
+async def principal(request: Request) -> Principal:
+    # async, so that a cached key costs no hop through the thread pool
+    scheme, _, token = request.headers.get("authorization", "").partition(" ")
     if scheme.lower() != "bearer" or not token.strip():
         raise Problem(401, "unauthenticated", "Unauthenticated", "send Authorization: Bearer <api key>")
-    key = session.scalar(select(ApiKey).where(ApiKey.key_hash == hash_key(token.strip())))
-    if key is None or key.revoked_at is not None:
+    hit = _key_cache.get(hash_key(token.strip()))
+    found = hit[1] if hit is not None and hit[0] > time.monotonic() else \
+        await anyio.to_thread.run_sync(lookup, token.strip())
+    if found is None:
         raise Problem(401, "unauthenticated", "Unauthenticated", "unknown or revoked API key")
-    return Principal(key.id, key.tenant, frozenset(key.scopes))
+    return found
 
 
 def require(scope: str):
     """Dependency: the caller's principal, which must hold `scope` (admin holds every scope)."""
-    def check(who: Principal = Depends(principal)) -> Principal:
+    async def check(who: Principal = Depends(principal)) -> Principal:
         if scope not in who.scopes and "admin" not in who.scopes:
             raise Problem(403, "forbidden", "Forbidden", f"this key lacks the scope {scope!r}")
         return who

@@ -1,6 +1,8 @@
 """The database engine and sessions."""
 from __future__ import annotations
 
+import functools
+import inspect
 from contextlib import contextmanager
 from functools import lru_cache
 from pathlib import Path
@@ -27,7 +29,8 @@ def make_engine(url: str) -> Engine:
             cursor.close()
 
         return engine
-    return create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=20)
+    # Above the API's 40 worker threads: a request holds a connection only inside its own thread.
+    return create_engine(url, pool_pre_ping=True, pool_size=20, max_overflow=30, pool_timeout=10)
 
 
 @lru_cache
@@ -54,7 +57,17 @@ def session_scope() -> Session:
         session.close()
 
 
-def get_session():
-    """FastAPI dependency."""
-    with session_scope() as session:
-        yield session
+def transactional(endpoint):
+    """Give a sync endpoint its `session` for the length of the call, opened and closed in the same
+    worker thread. (A yield dependency would hold the connection across awaits, and under load the
+    threads waiting for a connection starve the ones that would give theirs back.)"""
+    signature = inspect.signature(endpoint)
+
+    @functools.wraps(endpoint)
+    def wrapper(*args, **kwargs):
+        with session_scope() as session:
+            return endpoint(*args, session=session, **kwargs)
+
+    wrapper.__signature__ = signature.replace(
+        parameters=[p for p in signature.parameters.values() if p.name != "session"])
+    return wrapper

@@ -5,7 +5,7 @@ import logging
 import time
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from service import problems
@@ -45,6 +45,29 @@ class BodyLimit:
         return await self.app(scope, counted, send)
 
 
+class Timing:
+    """Request latency by method, route template and status, for /metrics (plain ASGI: no extra task)."""
+
+    def __init__(self, app: ASGIApp):
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        started, status = time.perf_counter(), [500]
+
+        async def record(message):
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, record)
+        finally:
+            route = getattr(scope.get("route"), "path", "unmatched")
+            ops.observe(scope["method"], route, status[0], time.perf_counter() - started)
+
+
 @asynccontextmanager
 async def lifespan(app: FastAPI):
     settings = get_settings()
@@ -66,14 +89,8 @@ def create_app() -> FastAPI:
     app.include_router(models.router)
     app.include_router(jobs.router)
 
-    @app.middleware("http")
-    async def timing(request: Request, call_next):
-        started = time.perf_counter()
-        response = await call_next(request)
-        ops.observe(request, response.status_code, time.perf_counter() - started)
-        return response
-
     app.add_middleware(BodyLimit, limit=get_settings().max_body_bytes)
+    app.add_middleware(Timing)
     return app
 
 

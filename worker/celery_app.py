@@ -1,8 +1,18 @@
-"""The Celery worker: `celery -A worker.celery_app worker -Q gpu -c 1`. CUDA is never touched here or
-at import: the engine (and torch) load inside the task, in the forked child."""
+"""The Celery worker: `celery -A worker.celery_app worker -Q gpu -c 1 --pool prefork`. CUDA is never
+touched before the fork: the engine (and torch) load in the pool child, where CUDA may start."""
+from celery.signals import worker_process_init
+
 from service.queue import RUN_JOB, get_celery
 
 app = get_celery()
+
+
+@worker_process_init.connect
+def preload_engine(**_):
+    """Import the engine in each pool child as it starts (importing torch does not initialise CUDA),
+    so that the first job does not pay for the imports."""
+    import worker.engine.unlearn  # noqa: F401
+    import worker.runner  # noqa: F401
 
 
 @app.task(name=RUN_JOB, acks_late=True, reject_on_worker_lost=True)

@@ -13,7 +13,7 @@ from sqlalchemy.orm import Session
 
 from service import registry
 from service.auth import Principal, require
-from service.db import get_session, session_scope
+from service.db import session_scope, transactional
 from service.idempotency import idempotent
 from service.jobs import forget_evidence, get_job, job_view, request_cancel
 from service.models import JOB_STATES, TERMINAL, Job, new_id, utcnow
@@ -55,8 +55,9 @@ def send(payload: dict) -> None:
 
 
 @router.post("", status_code=202, response_model=JobOut)
+@transactional
 def submit(body: JobCreate, request: Request, who: Principal = Depends(require("jobs:write")),
-           session: Session = Depends(get_session), idempotency_key: str | None = Header(None)):
+           session: Session = None, idempotency_key: str | None = Header(None)):
     def create():
         settings = get_settings()
         model = registry.get_model(session, who.tenant, body.model_id)
@@ -81,7 +82,8 @@ def submit(body: JobCreate, request: Request, who: Principal = Depends(require("
 
 
 @router.get("", response_model=Page)
-def list_jobs(who: Principal = Depends(require("jobs:read")), session: Session = Depends(get_session),
+@transactional
+def list_jobs(who: Principal = Depends(require("jobs:read")), session: Session = None,
               state: str | None = None, model_id: str | None = None,
               page_size: int = Query(50, ge=1, le=500), page_token: str | None = None):
     query = select(Job).where(Job.tenant == who.tenant)
@@ -96,20 +98,23 @@ def list_jobs(who: Principal = Depends(require("jobs:read")), session: Session =
 
 
 @router.get("/{job_id}", response_model=JobOut)
-def read_job(job_id: str, who: Principal = Depends(require("jobs:read")), session: Session = Depends(get_session)):
+@transactional
+def read_job(job_id: str, who: Principal = Depends(require("jobs:read")), session: Session = None):
     return job_view(get_job(session, who.tenant, job_id))
 
 
 @router.post("/{job_id}:cancel", response_model=JobOut)
-def cancel(job_id: str, who: Principal = Depends(require("jobs:write")), session: Session = Depends(get_session)):
+@transactional
+def cancel(job_id: str, who: Principal = Depends(require("jobs:write")), session: Session = None):
     job = request_cancel(session, get_job(session, who.tenant, job_id))
     session.commit()
     return job_view(job)
 
 
 @router.get("/{job_id}/result")
+@transactional
 def engine_result(job_id: str, who: Principal = Depends(require("jobs:read")),
-                  session: Session = Depends(get_session)):
+                  session: Session = None):
     job = get_job(session, who.tenant, job_id)
     if job.engine_result is None:
         raise not_found(f"the result of job {job_id!r} (state {job.state})")

@@ -12,14 +12,14 @@ from sqlalchemy.orm import Session
 
 from service import registry
 from service.auth import Principal, require
-from service.db import get_session
+from service.db import transactional
 from service.idempotency import idempotent
 from service.models import Model, ModelVersion, new_id
 from service.pagination import paginate
 from service.problems import Problem, invalid, not_found
 from service.schemas import ModelCreate, ModelOut, Page, VersionOut
 from service.settings import get_settings
-from service.store import CHUNK, ArtifactStore
+from service.store import STREAM_CHUNK, ArtifactStore
 from worker.engine.errors import EngineInputError
 from worker.engine.recordset import normalise_records
 
@@ -44,8 +44,9 @@ def version_out(v: ModelVersion) -> dict:
 
 
 @router.post("", status_code=201, response_model=ModelOut)
+@transactional
 def create_model(body: ModelCreate, request: Request, who: Principal = Depends(require("models:write")),
-                 session: Session = Depends(get_session), idempotency_key: str | None = Header(None)):
+                 session: Session = None, idempotency_key: str | None = Header(None)):
     def create():
         try:
             retain = normalise_records(body.retain, "retain") if body.retain is not None else None
@@ -74,20 +75,23 @@ def create_model(body: ModelCreate, request: Request, who: Principal = Depends(r
 
 
 @router.get("", response_model=Page)
-def list_models(who: Principal = Depends(require("jobs:read")), session: Session = Depends(get_session),
+@transactional
+def list_models(who: Principal = Depends(require("jobs:read")), session: Session = None,
                 page_size: int = Query(50, ge=1, le=500), page_token: str | None = None):
     rows, token = paginate(session, select(Model).where(Model.tenant == who.tenant), Model, page_size, page_token)
     return {"items": [model_out(session, m) for m in rows], "next_page_token": token}
 
 
 @router.get("/{model_id}", response_model=ModelOut)
-def read_model(model_id: str, who: Principal = Depends(require("jobs:read")), session: Session = Depends(get_session)):
+@transactional
+def read_model(model_id: str, who: Principal = Depends(require("jobs:read")), session: Session = None):
     return model_out(session, registry.get_model(session, who.tenant, model_id))
 
 
 @router.get("/{model_id}/versions", response_model=Page)
+@transactional
 def list_versions(model_id: str, who: Principal = Depends(require("jobs:read")),
-                  session: Session = Depends(get_session)):
+                  session: Session = None):
     model = registry.get_model(session, who.tenant, model_id)
     rows = session.scalars(select(ModelVersion).where(ModelVersion.model_id == model.id)
                            .order_by(ModelVersion.number)).all()
@@ -103,14 +107,16 @@ def _version(session, who, model_id, number: str) -> ModelVersion:
 
 
 @router.get("/{model_id}/versions/{number}", response_model=VersionOut)
+@transactional
 def read_version(model_id: str, number: str, who: Principal = Depends(require("jobs:read")),
-                 session: Session = Depends(get_session)):
+                 session: Session = None):
     return version_out(_version(session, who, model_id, number))
 
 
 @router.get("/{model_id}/versions/{number}/files")
+@transactional
 def list_files(model_id: str, number: str, who: Principal = Depends(require("artifacts:read")),
-               session: Session = Depends(get_session)):
+               session: Session = None):
     v = _version(session, who, model_id, number)
     return {"manifest_sha256": v.manifest_sha256, "files": v.manifest}
 
@@ -119,8 +125,9 @@ RANGE = re.compile(r"^bytes=(\d*)-(\d*)$")
 
 
 @router.get("/{model_id}/versions/{number}/files/{path:path}")
+@transactional
 def download_file(model_id: str, number: str, path: str, who: Principal = Depends(require("artifacts:read")),
-                  session: Session = Depends(get_session), range_header: str | None = Header(None, alias="range"),
+                  session: Session = None, range_header: str | None = Header(None, alias="range"),
                   if_none_match: str | None = Header(None)):
     v = _version(session, who, model_id, number)
     entry = next((f for f in v.manifest if f["path"] == path), None)
@@ -155,7 +162,7 @@ def download_file(model_id: str, number: str, path: str, who: Principal = Depend
             handle.seek(start)
             remaining = end - start + 1
             while remaining > 0:
-                chunk = handle.read(min(CHUNK, remaining))
+                chunk = handle.read(min(STREAM_CHUNK, remaining))
                 if not chunk:
                     break
                 remaining -= len(chunk)
@@ -165,8 +172,9 @@ def download_file(model_id: str, number: str, path: str, who: Principal = Depend
 
 
 @router.get("/{model_id}/versions/{number}/archive")
+@transactional
 def download_archive(model_id: str, number: str, who: Principal = Depends(require("artifacts:read")),
-                     session: Session = Depends(get_session)):
+                     session: Session = None):
     v = _version(session, who, model_id, number)
     manifest, location = v.manifest, v.location
     name = f"{registry.get_model(session, who.tenant, model_id).name}-v{v.number}"
@@ -181,7 +189,7 @@ def download_archive(model_id: str, number: str, who: Principal = Depends(requir
             info.size, info.mode, info.mtime = entry["size"], 0o644, mtime
             yield info.tobuf(format=tarfile.PAX_FORMAT)
             with artifacts.open(location, entry["path"]) as handle:
-                while chunk := handle.read(CHUNK):
+                while chunk := handle.read(STREAM_CHUNK):
                     yield chunk
             yield b"\0" * (-entry["size"] % tarfile.BLOCKSIZE)
         yield b"\0" * (2 * tarfile.BLOCKSIZE)

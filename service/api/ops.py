@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Depends
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily
@@ -11,7 +11,7 @@ from sqlalchemy import func, select, text
 from sqlalchemy.orm import Session
 
 from service.auth import Principal, create_key, require
-from service.db import get_session, session_scope
+from service.db import session_scope, transactional
 from service.models import JOB_STATES, Job
 from service.queue import broker_reachable, queue_depth
 from service.schemas import ApiKeyCreate, ApiKeyOut
@@ -58,7 +58,8 @@ def healthz():
 
 
 @router.get("/readyz")
-def readyz(session: Session = Depends(get_session)):
+@transactional
+def readyz(session: Session = None):
     checks = {}
     try:
         session.execute(text("SELECT 1"))
@@ -76,14 +77,14 @@ def metrics(_: Principal = Depends(require("jobs:read"))):
 
 
 @router.post("/v1/api-keys", status_code=201, response_model=ApiKeyOut)
+@transactional
 def new_api_key(body: ApiKeyCreate, who: Principal = Depends(require("admin")),
-                session: Session = Depends(get_session)):
+                session: Session = None):
     key, secret = create_key(session, body.tenant, list(body.scopes), name=body.name)
     session.commit()
     return {"id": key.id, "tenant": key.tenant, "scopes": key.scopes, "name": key.name,
             "created_at": key.created_at, "key": secret}
 
 
-def observe(request: Request, status: int, seconds: float) -> None:
-    route = request.scope.get("route")
-    REQUEST_LATENCY.labels(request.method, getattr(route, "path", "unmatched"), str(status)).observe(seconds)
+def observe(method: str, route: str, status: int, seconds: float) -> None:
+    REQUEST_LATENCY.labels(method, route, str(status)).observe(seconds)
