@@ -47,11 +47,12 @@ def main() -> int:
             archive = client.get(f"/v1/models/{demo['id']}/versions/{n}/archive").raise_for_status()
             with tarfile.open(fileobj=io.BytesIO(archive.content)) as tar:
                 tar.extractall(Path(tmp) / f"v{n}", filter="data")
-        show_changes(next((Path(tmp) / "v1").iterdir()), next((Path(tmp) / f"v{number}").iterdir()), forget)
+        retain = json.loads(Path(".lethe/demo/retain.json").read_text())
+        show_changes(next((Path(tmp) / "v1").iterdir()), next((Path(tmp) / f"v{number}").iterdir()), forget, retain)
     return 0
 
 
-def show_changes(before: Path, after: Path, forget: list[dict]) -> None:
+def show_changes(before: Path, after: Path, forget: list[dict], retain: list[dict]) -> None:
     import torch
 
     from worker.engine.evaluate import greedy_continuations
@@ -60,13 +61,13 @@ def show_changes(before: Path, after: Path, forget: list[dict]) -> None:
 
     old, tokenizer = load_model(before, torch.device("cpu"))
     new, _ = load_model(after, torch.device("cpu"))
-    records = encode_records(forget, tokenizer, max_length=512, seed=0, what="forget")
-    was = greedy_continuations(old, tokenizer, records)
-    now = greedy_continuations(new, tokenizer, records)
-    print("\nwhat the model says to the forgotten prompts, before -> after:")
-    for record, a, b in list(zip(records, was, now))[:5]:
-        print(f"  {record.source['prompt'].strip()!r}\n    {tokenizer.decode(a, skip_special_tokens=True)!r}\n"
-              f" -> {tokenizer.decode(b, skip_special_tokens=True)!r}")
+    for title, records in (("forgotten", forget[:5]), ("kept (retain set)", retain[:3])):
+        encoded = encode_records(records, tokenizer, max_length=512, seed=0, what="demo")
+        was, now = greedy_continuations(old, tokenizer, encoded), greedy_continuations(new, tokenizer, encoded)
+        print(f"\nwhat the model answers, {title}, before -> after:")
+        for record, a, b in zip(encoded, was, now):
+            print(f"  {record.source['prompt'].strip()!r}\n    {tokenizer.decode(a, skip_special_tokens=True)!r}\n"
+                  f" -> {tokenizer.decode(b, skip_special_tokens=True)!r}")
 
 
 if __name__ == "__main__":

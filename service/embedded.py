@@ -64,6 +64,7 @@ def demo_model(settings) -> str:
     demo.mkdir(parents=True, exist_ok=True)
     (demo / "forget.json").write_text(json.dumps([r for p in people[:DEMO_FORGET_PEOPLE] for r in p], indent=1))
     retain = normalise_records([r for p in people[DEMO_FORGET_PEOPLE:] for r in p], "retain")
+    (demo / "retain.json").write_text(json.dumps(retain, indent=1))
     with session_scope() as session:
         model = Model(id=new_id("mdl"), tenant=settings.admin_tenant, name="demo", source=str(directory.resolve()),
                       description="Demo fixture: a synthetic QA set of fictitious people", retain_records=retain)

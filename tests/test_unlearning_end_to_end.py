@@ -48,8 +48,10 @@ def test_fixture_memorises_and_masc_forgets_only_the_forget_set(fixture_model, u
 def test_result_records_the_run(unlearned, forget_records):
     outcome, steps = unlearned
     r = outcome.result
-    assert r["steps"] == len(r["loss_trace"]) == len(steps) > 0
-    assert [s["step"] for s in steps] == list(range(1, r["steps"] + 1))  # a progress call each step
+    assert r["steps"] == len(r["loss_trace"]) == len(steps) - 1 > 0
+    # A progress call each step, and a last one with the V the stop rule decided on.
+    assert [s["step"] for s in steps] == list(range(1, r["steps"] + 1)) + [r["steps"]]
+    assert steps[-1]["violation_rate"] == r["final_violation_rate"] <= 0.2
     assert {"forget", "retain", "total"} <= set(steps[-1]["losses"])
     assert r["v_trace"][-1]["stage"] == "confirm" and r["v_trace"][-1]["passed"]
     assert r["v_trace"][-1]["step"] == r["steps"]

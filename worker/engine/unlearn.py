@@ -142,6 +142,11 @@ def run_unlearning(model_source: str, forget: list[dict], retain: list[dict] | N
             progress({"step": step, "max_steps": params.max_steps, "losses": parts,
                       "violation_rate": rule.latest_v, "elapsed": time.perf_counter() - started})
     loop_seconds = time.perf_counter() - loop_started
+    if progress is not None and stop_reason != "cancelled":
+        # One more report, so that the last V a client sees is the one the stop rule decided on.
+        last_losses = {k: v for k, v in (loss_trace[-1] if loss_trace else {}).items() if k != "step"}
+        progress({"step": step, "max_steps": params.max_steps, "losses": last_losses,
+                  "violation_rate": rule.latest_v, "elapsed": time.perf_counter() - started})
 
     result = {
         "engine_version": ENGINE_VERSION, "method": method, "model": str(model_source), "device": str(dev),
