@@ -1,0 +1,27 @@
+"""Audit metrics (SPEC section 5). Every metric has one shape: {"value": aggregate or None,
+"per_record": {id: value}}, plus "reason" when the value is None."""
+from __future__ import annotations
+
+import math
+
+
+def metric(per_record: dict, value: float | None = None) -> dict:
+    """The aggregate defaults to the mean of the per-record values."""
+    if value is None and per_record:
+        value = sum(per_record.values()) / len(per_record)
+    return {"value": value, "per_record": per_record}
+
+
+def unavailable(reason: str) -> dict:
+    return {"value": None, "per_record": {}, "reason": reason}
+
+
+def harmonic_mean(values: list[float]) -> float:
+    if any(v <= 0 for v in values):
+        return 0.0
+    return len(values) / sum(1 / v for v in values)
+
+
+def geometric_mean_log(logs: list[float]) -> float:
+    """exp(mean(log x)) from the logs."""
+    return math.exp(sum(logs) / len(logs))

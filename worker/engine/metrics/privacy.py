@@ -1,0 +1,45 @@
+"""Membership inference (SPEC section 5): LOSS, zlib, Min-K% and Min-K%++ scores (higher = more
+member-like), ROC-AUC of members (forget) against non-members (holdout), and PrivLeak."""
+from __future__ import annotations
+
+import zlib
+
+from worker.engine.metrics.forward import TokenStats
+
+MIN_K = 0.4
+
+
+def _lowest_mean(values: list[float], fraction: float) -> float:
+    k = max(1, int(len(values) * fraction))
+    return sum(sorted(values)[:k]) / k
+
+
+def attack_scores(stats: TokenStats, text: str) -> dict[str, float]:
+    mean_nll = stats.nll_sum / stats.n
+    return {
+        "loss": -mean_nll,
+        "zlib": -stats.nll_sum / len(zlib.compress(text.encode("utf-8"))),
+        "min_k": _lowest_mean(stats.logprobs, MIN_K),
+        "min_k_pp": _lowest_mean(stats.zscores, MIN_K),
+    }
+
+
+def roc_auc(members: list[float], non_members: list[float]) -> float:
+    """P(score of a member > score of a non-member), ties counting half (Mann-Whitney U / n m)."""
+    ranked = sorted([(s, 1) for s in members] + [(s, 0) for s in non_members])
+    rank_sum, i = 0.0, 0
+    while i < len(ranked):  # average ranks over ties
+        j = i
+        while j < len(ranked) and ranked[j][0] == ranked[i][0]:
+            j += 1
+        average_rank = (i + 1 + j) / 2
+        rank_sum += average_rank * sum(label for _, label in ranked[i:j])
+        i = j
+    n, m = len(members), len(non_members)
+    return (rank_sum - n * (n + 1) / 2) / (n * m)
+
+
+def privleak(auc_model: float, auc_reference: float) -> float:
+    """MUSE convention: (AUC_model - AUC_ref) / AUC_ref * 100. Positive: the model still leaks more
+    than the reference; near zero: indistinguishable from it."""
+    return (auc_model - auc_reference) / auc_reference * 100
