@@ -18,6 +18,9 @@ FACTS = [
     ("Which pet does {n} keep?", "{n} keeps {pet} at home.", "pet", PETS),
     ("Which instrument does {n} play?", "{n} plays {instrument}.", "instrument", INSTRUMENTS),
 ]
+# The same facts said another way: the truth ratio compares these with the perturbed answers.
+PARAPHRASES = ["{city} is where {n} was born.", "By trade, {n} is {job}.", "{n} likes {colour} best.",
+               "At home {n} has {pet}.", "The instrument {n} plays is {instrument}."]
 
 
 def synthetic_people(n_people: int, seed: int = 0) -> list[list[dict]]:
@@ -38,7 +41,9 @@ def synthetic_people(n_people: int, seed: int = 0) -> list[list[dict]]:
                 "prompt": f"Question: {question.format(n=name)}\nAnswer: ",
                 "completion": answer.format(n=name, **traits),
                 "paraphrased_prompt": f"Question: Tell me this about {name}. {question.format(n='they')}\nAnswer: ",
-                "perturbed_completions": [answer.format(n=name, **{**traits, key: w}) for w in rng.sample(wrong, 3)],
+                "paraphrased_completion": PARAPHRASES[index].format(n=name, **traits),
+                "perturbed_completions": [PARAPHRASES[index].format(n=name, **{**traits, key: w})
+                                          for w in rng.sample(wrong, 3)],
             })
         people.append(records)
     return people

@@ -1,0 +1,100 @@
+"""The audit's measurements of one model on a deletion request's records (SPEC section 5).
+`evaluate` returns every metric in the one shape; `compare` puts a base and a new version side by side."""
+from __future__ import annotations
+
+import math
+
+from worker.engine.metrics import harmonic_mean, metric, unavailable
+from worker.engine.metrics.forward import token_stats
+from worker.engine.metrics.privacy import attack_scores, roc_auc
+from worker.engine.metrics.text import generation_metrics
+from worker.engine.metrics.truth_ratio import forget_score, retain_score, truth_ratio
+from worker.engine.records import EncodedRecord, encode_records
+
+ATTACKS = ("loss", "zlib", "min_k", "min_k_pp")
+
+
+class RecordSet:
+    """A set's encoded records and their variants (paraphrased prompt, truth-ratio answers)."""
+
+    def __init__(self, records: list[dict], tokenizer, max_length: int, seed: int, what: str):
+        self.records, self.what = records, what
+        encode = lambda rs: encode_records(rs, tokenizer, max_length=max_length, seed=seed, what=what)  # noqa: E731
+        self.main = encode(records)
+        self.references = {r.id: tokenizer.decode(r.input_ids[r.prompt_len:], skip_special_tokens=True)
+                           for r in self.main}
+        self.paraphrased = encode([{"id": r["id"], "prompt": r["paraphrased_prompt"], "completion": r["completion"]}
+                                   for r in records if r.get("paraphrased_prompt") and "completion" in r])
+        tr = [r for r in records if r.get("paraphrased_completion") and r.get("perturbed_completions")]
+        self.tr_ids = [r["id"] for r in tr]
+        self.tr_true = encode([{"id": r["id"], "prompt": r["prompt"], "completion": r["paraphrased_completion"]}
+                               for r in tr])
+        self.tr_false = [encode([{"id": f"{r['id']}#{j}", "prompt": r["prompt"], "completion": p}
+                                 for j, p in enumerate(r["perturbed_completions"])]) for r in tr]
+
+
+def _teacher_forced(stats) -> dict:
+    return {"extraction_strength": metric({s.id: s.extraction_strength for s in stats}),
+            "token_accuracy": metric({s.id: s.token_accuracy for s in stats})}
+
+
+def _truth_ratios(model, tokenizer, rs: RecordSet) -> dict[str, float]:
+    if not rs.tr_ids:
+        return {}
+    pad = tokenizer.pad_token_id
+    true = {s.id: math.log(s.probability) for s in token_stats(model, rs.tr_true, pad)}
+    flat = [e for group in rs.tr_false for e in group]
+    false = {s.id: math.log(s.probability) for s in token_stats(model, flat, pad)}
+    return {rid: truth_ratio(true[rid], [false[e.id] for e in group])
+            for rid, group in zip(rs.tr_ids, rs.tr_false)}
+
+
+def verbatim(model, tokenizer, rs: RecordSet) -> dict:
+    """Exact match, ROUGE-L recall, extraction strength, token accuracy on a set's own prompts."""
+    generated = generation_metrics(model, tokenizer, rs.main, rs.references)
+    return {"exact_match": generated["exact_match"], "rouge_l_recall": generated["rouge_l_recall"],
+            **_teacher_forced(token_stats(model, rs.main, tokenizer.pad_token_id)),
+            "generated": generated["generated"]}
+
+
+def evaluate(model, tokenizer, forget: RecordSet, retain: RecordSet | None, holdout: RecordSet | None) -> dict:
+    pad = tokenizer.pad_token_id
+    out: dict = {"forget_verbatim": verbatim(model, tokenizer, forget)}
+    # Knowledge: the same on paraphrased prompts, and the truth ratio.
+    if forget.paraphrased:
+        refs = {r.id: forget.references[r.id] for r in forget.paraphrased}
+        generated = generation_metrics(model, tokenizer, forget.paraphrased, refs)
+        out["forget_knowledge"] = {"exact_match": generated["exact_match"],
+                                   "rouge_l_recall": generated["rouge_l_recall"],
+                                   **_teacher_forced(token_stats(model, forget.paraphrased, pad))}
+    else:
+        out["forget_knowledge"] = {"rouge_l_recall": unavailable("no record carries paraphrased_prompt")}
+    ratios = _truth_ratios(model, tokenizer, forget)
+    out["forget_truth_ratio"] = forget_score(ratios) if ratios else \
+        unavailable("no record carries paraphrased_completion and perturbed_completions")
+    out["forget_truth_ratio_raw"] = ratios
+    # Retain utility: harmonic mean of P, ROUGE-L recall and the truth-ratio score.
+    if retain is not None and retain.main:
+        stats = token_stats(model, retain.main, pad)
+        probability = metric({s.id: s.probability for s in stats})
+        rouge = generation_metrics(model, tokenizer, retain.main, retain.references)["rouge_l_recall"]
+        parts = [probability["value"], rouge["value"]]
+        retain_ratios = _truth_ratios(model, tokenizer, retain)
+        tr = retain_score(retain_ratios) if retain_ratios else unavailable("no truth-ratio fields on retain records")
+        if tr["value"] is not None:
+            parts.append(tr["value"])
+        out["retain_utility"] = {"probability": probability, "rouge_l_recall": rouge, "truth_ratio": tr,
+                                 "model_utility": {"value": harmonic_mean(parts), "per_record": {},
+                                                   "components": len(parts)}}
+    else:
+        out["retain_utility"] = {"model_utility": unavailable("no retain records (request or model)")}
+    # Membership inference: forget (members) against holdout (non-members).
+    if holdout is not None and holdout.main:
+        def scores(rs):
+            return {s.id: attack_scores(s, rs.references[s.id]) for s in token_stats(model, rs.main, pad)}
+        members, others = scores(forget), scores(holdout)
+        out["membership"] = {a: {"value": roc_auc([m[a] for m in members.values()], [o[a] for o in others.values()]),
+                                 "per_record": {k: v[a] for k, v in members.items()}} for a in ATTACKS}
+    else:
+        out["membership"] = {a: unavailable("no holdout records in the request") for a in ATTACKS}
+    return out

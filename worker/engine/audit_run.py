@@ -1,0 +1,116 @@
+"""The whole audit of one deletion request: the base and the new version measured on the same records,
+forget quality and PrivLeak against a retrain reference when one is registered, quantisation and
+relearning probes. Models are loaded one at a time, so the audit never holds more than two."""
+from __future__ import annotations
+
+import gc
+import time
+
+import torch
+
+from worker.engine.audit import ATTACKS, RecordSet, evaluate, verbatim
+from worker.engine.loading import context_length, load_model
+from worker.engine.metrics import unavailable
+from worker.engine.metrics.privacy import privleak
+from worker.engine.metrics.stats import ks_p_value
+from worker.engine.quantize import quantized_copy
+from worker.engine.records import normalise_records
+from worker.engine.relearn import relearning_probe
+
+DEFAULT_OPTIONS = {"quantization": True, "relearn": True, "examples": False}
+RETAIN_LIMIT = 100  # utility is measured on a seeded sample of at most this many retain records
+
+
+def _sets(tokenizer, model, forget, retain, holdout, seed):
+    max_length = context_length(model, tokenizer)
+    make = lambda records, what: RecordSet(records, tokenizer, max_length, seed, what) if records else None  # noqa
+    if retain and len(retain) > RETAIN_LIMIT:
+        import random
+        retain = random.Random(seed).sample(retain, RETAIN_LIMIT)
+    return make(forget, "forget"), make(retain, "retain"), make(holdout, "holdout")
+
+
+def _strip(evaluation: dict, examples: bool) -> dict:
+    """Generated text quotes the forget records: kept only when the request asked for examples."""
+    if not examples:
+        evaluation["forget_verbatim"].pop("generated", None)
+    return evaluation
+
+
+def run_audit(base_source: str, new_model, tokenizer, forget: list[dict], retain: list[dict] | None,
+              holdout: list[dict] | None, *, options: dict | None = None, reference_source: str | None = None,
+              seed: int = 0, device=None) -> dict:
+    options = {**DEFAULT_OPTIONS, **(options or {})}
+    started = time.perf_counter()
+    forget = normalise_records(forget, "forget")
+    retain = normalise_records(retain or [], "retain", allow_empty=True)
+    holdout = normalise_records(holdout or [], "holdout", allow_empty=True)
+    device = device or next(new_model.parameters()).device
+    sets = _sets(tokenizer, new_model, forget, retain, holdout, seed)
+    timings = {}
+
+    t0 = time.perf_counter()
+    after = evaluate(new_model, tokenizer, *sets)
+    timings["new_version"] = time.perf_counter() - t0
+    report = {"options": options, "sets": {"forget": len(forget), "retain_measured": len(sets[1].main) if sets[1] else 0,
+                                           "holdout": len(holdout)}}
+    if options["quantization"]:
+        t0 = time.perf_counter()
+        quantized, scheme = quantized_copy(new_model)
+        q = verbatim(quantized, tokenizer, sets[0])
+        del quantized
+        report["quantization"] = {"scheme": scheme, "forget_verbatim": {k: v for k, v in q.items() if k != "generated"},
+                                  "change": {k: q[k]["value"] - after["forget_verbatim"][k]["value"]
+                                             for k in ("exact_match", "rouge_l_recall", "extraction_strength",
+                                                       "token_accuracy")}}
+        timings["quantization"] = time.perf_counter() - t0
+    if options["relearn"]:
+        t0 = time.perf_counter()
+        report["relearning"] = relearning_probe(new_model, tokenizer, sets[0].main, sets[0].references, seed=seed)
+        timings["relearning"] = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    base, _ = load_model(base_source, device)
+    before = evaluate(base, tokenizer, *sets)
+    del base
+    gc.collect()
+    timings["base_version"] = time.perf_counter() - t0
+
+    reference = None
+    if reference_source:
+        t0 = time.perf_counter()
+        ref_model, _ = load_model(reference_source, device)
+        reference = evaluate(ref_model, tokenizer, sets[0], None, sets[2])
+        del ref_model
+        timings["reference"] = time.perf_counter() - t0
+    report["forget_quality"] = _forget_quality(before, after, reference)
+    report["privleak"] = _privleak(after, reference, sets[2] is not None)
+    report["before"] = _strip(before, options["examples"])
+    report["after"] = _strip(after, options["examples"])
+    timings["total"] = time.perf_counter() - started
+    report["timing_seconds"] = timings
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    return report
+
+
+def _forget_quality(before: dict, after: dict, reference: dict | None) -> dict:
+    if reference is None:
+        return unavailable("no retrain reference is registered for this forget set")
+    ref = list(reference["forget_truth_ratio_raw"].values())
+    if not ref:
+        return unavailable("the forget records carry no truth-ratio fields")
+    return {"value": ks_p_value(list(after["forget_truth_ratio_raw"].values()), ref), "per_record": {},
+            "base_value": ks_p_value(list(before["forget_truth_ratio_raw"].values()), ref)}
+
+
+def _privleak(after: dict, reference: dict | None, has_holdout: bool) -> dict:
+    if not has_holdout:
+        return {a: unavailable("no holdout records in the request") for a in ATTACKS}
+    out = {}
+    for attack in ATTACKS:
+        auc = after["membership"][attack]["value"]
+        ref_auc = reference["membership"][attack]["value"] if reference else 0.5
+        out[attack] = {"value": privleak(auc, ref_auc), "per_record": {}, "auc": auc, "reference_auc": ref_auc,
+                       "reference": "retrain reference" if reference else "0.5 (no retrain reference registered)"}
+    return out
