@@ -25,6 +25,8 @@ demo: $(STAMP)
 	$(PY) -m service.demo
 
 test: $(STAMP)
+	# The report test renders pages in Debian's headless Chromium.
+	command -v chromium >/dev/null || (apt-get update -qq && apt-get install -y -qq chromium)
 	$(PY) -m pytest -q
 
 bench-engine: $(STAMP)

@@ -11,6 +11,7 @@ from fastapi import Depends, Request
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from service import audit_log
 from service.db import session_scope
 from service.models import ApiKey
 from service.problems import Problem
@@ -39,6 +40,7 @@ def create_key(session: Session, tenant: str, scopes: list[str], name: str = "",
     key = ApiKey(tenant=tenant, name=name, key_hash=hash_key(secret), scopes=sorted(set(scopes)))
     session.add(key)
     session.flush()
+    audit_log.append(session, tenant, "key.created", key.id, {"name": name, "scopes": key.scopes})
     return key, secret
 
 

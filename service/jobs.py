@@ -7,8 +7,9 @@ import json
 from datetime import datetime, timedelta
 
 from sqlalchemy import and_, or_, select, update
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, object_session
 
+from service import audit_log
 from service.models import TERMINAL, Job, utcnow
 from service.problems import Problem, not_found
 
@@ -52,6 +53,13 @@ def end_job(job: Job, state: str, *, error: dict | None = None, result: dict | N
         job.error = error
     if result is not None:
         job.result = result
+    log_state(job, {"error": error["detail"]} if error else {"result": result})
+
+
+def log_state(job: Job, data: dict | None = None) -> None:
+    """Every job state change goes into the audit log, in the transaction that makes it."""
+    audit_log.append(object_session(job), job.tenant, f"job.{job.state.lower()}", job.id,
+                     {"request_id": job.request_id, "model_id": job.model_id, "attempt": job.attempt, **(data or {})})
 
 
 def request_cancel(session: Session, job: Job) -> Job:
@@ -63,6 +71,7 @@ def request_cancel(session: Session, job: Job) -> Job:
                                            "wall_seconds": 0.0})
     elif job.state == "RUNNING":
         job.state = "CANCELLING"
+        log_state(job)
     return job
 
 
@@ -86,6 +95,7 @@ def acquire_lease(session: Session, job_id: str, owner: str, lease_seconds: floa
             job.started_at = now
         if job.cancel_requested:  # cancelled while its worker was dead
             job.state = "CANCELLING"
+        log_state(job, {"worker": owner})
     return bool(taken.rowcount)
 
 

@@ -108,6 +108,8 @@ class Job(Base):
     started_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
     ended_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow, onupdate=utcnow)
+    audit_options: Mapped[dict | None] = mapped_column(JSON, nullable=True)
+    report: Mapped[dict | None] = mapped_column(JSON, nullable=True)  # the audit evidence (SPEC section 5)
     error: Mapped[dict | None] = mapped_column(JSON, nullable=True)  # a problem object
     result: Mapped[dict | None] = mapped_column(JSON, nullable=True)  # summary for the job view
     engine_result: Mapped[dict | None] = mapped_column(JSON, nullable=True)  # the engine's result JSON
@@ -123,3 +125,27 @@ class IdempotencyRecord(Base):
     response: Mapped[dict] = mapped_column(JSON)
     location: Mapped[str | None] = mapped_column(Text, nullable=True)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+
+
+class RetrainReference(Base):
+    """A version marked as the retrain reference (gold standard) for one forget set of a model."""
+    __tablename__ = "retrain_references"
+    __table_args__ = (UniqueConstraint("model_id", "forget_manifest_sha256"),)
+    id: Mapped[str] = mapped_column(String(40), primary_key=True, default=lambda: new_id("ref"))
+    model_id: Mapped[str] = mapped_column(ForeignKey("models.id"), index=True)
+    version_number: Mapped[int] = mapped_column(Integer)
+    forget_manifest_sha256: Mapped[str] = mapped_column(String(64))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+
+
+class AuditEntry(Base):
+    """Append-only and hash-chained (SPEC section 9): hash = sha256(prev_hash + the entry's content)."""
+    __tablename__ = "audit_log"
+    seq: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    tenant: Mapped[str] = mapped_column(String(128), index=True)
+    kind: Mapped[str] = mapped_column(String(64))
+    subject: Mapped[str] = mapped_column(String(128))
+    data: Mapped[dict] = mapped_column(JSON)
+    prev_hash: Mapped[str] = mapped_column(String(64))
+    hash: Mapped[str] = mapped_column(String(64), unique=True)

@@ -8,6 +8,7 @@ import fsspec
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from service import audit_log
 from service.models import Model, ModelVersion
 from service.problems import Problem, invalid, not_found
 from service.settings import Settings
@@ -49,6 +50,9 @@ def add_version(session: Session, model: Model, *, location: str, manifest: list
                            erased_request_ids=erased, tags=tags or [])
     session.add(version)
     session.flush()
+    audit_log.append(session, model.tenant, "version.created", f"{model.id}/v{version.number}",
+                     {"parent": version.parent_number, "job_id": job_id, "manifest_sha256": version.manifest_sha256,
+                      "erased_request_ids": erased})
     return version
 
 

@@ -44,6 +44,12 @@ class VersionOut(BaseModel):
     created_at: datetime
 
 
+class AuditOptions(Strict):
+    quantization: bool = True
+    relearn: bool = True
+    examples: bool = False  # quote generated forget text in the report
+
+
 class JobCreate(Strict):
     model_id: str
     version: int | None = Field(default=None, ge=1)
@@ -54,6 +60,7 @@ class JobCreate(Strict):
     method: Literal["masc"] = "masc"
     preset: str | None = None
     params: dict[str, Any] | None = None
+    audit: AuditOptions | None = None
 
 
 class Progress(BaseModel):

@@ -12,7 +12,11 @@ from pathlib import Path
 
 from service.db import session_scope
 from service.jobs import acquire_lease, end_job, fail_exhausted, heartbeat
-from service.models import Job, ModelVersion
+from sqlalchemy import select
+
+from service import audit_log
+from service.models import Job, ModelVersion, RetrainReference
+from service.report import build_report
 from service.registry import add_version, get_model, get_version
 from service.settings import get_settings
 from service.store import ArtifactStore
@@ -69,8 +73,14 @@ def run(job_id: str) -> str:
             return "cancelled"
         model = get_model(session, job.tenant, job.model_id)
         base = get_version(session, model, job.base_version)
+        reference = session.scalar(select(RetrainReference).where(
+            RetrainReference.model_id == model.id,
+            RetrainReference.forget_manifest_sha256 == job.forget_evidence["manifest_sha256"]))
+        reference_location = get_version(session, model, reference.version_number).location if reference else None
         work = dict(forget=job.forget_records, retain=job.retain_records or [], params=job.params,
                     preset=job.preset, method=job.method, location=base.location,
+                    holdout=job.holdout_records or [], audit_options=job.audit_options or {},
+                    reference_location=reference_location,
                     card=dict(model=model.name, source=model.source, parent=base.number, job=job.id,
                               erased=[*base.erased_request_ids, job.request_id]))
 
@@ -103,12 +113,13 @@ def _execute(job_id: str, work: dict, keeper: LeaseKeeper, settings) -> str:
             if keeper.lost.is_set():
                 return "lease lost"  # another worker owns the job now; write nothing
             location = f"jobs/{job_id}/model"
-            manifest = None
+            manifest, audit = None, None
             if outcome.model is not None:
                 save_model(outcome.model, outcome.tokenizer, Path(tmp) / "out")
                 (Path(tmp) / "out" / "README.md").write_text(model_card(work["card"], outcome.result))
                 manifest = store.put_local_directory(Path(tmp) / "out", location)
-            return _finish(job_id, keeper, outcome.result, location, manifest)
+                audit = _audit(work, outcome, str(source), store, Path(tmp), params.seed)
+            return _finish(job_id, keeper, outcome.result, location, manifest, audit)
     except EngineInputError as exc:
         return _fail(job_id, keeper, problem("invalid-request", "Invalid request", 422, str(exc)))
     except Exception as exc:
@@ -127,11 +138,29 @@ def model_card(card: dict, result: dict) -> str:
             f"{result['steps']} steps)\n\nErasure requests applied along this lineage:\n\n{erased}\n")
 
 
+def _audit(work: dict, outcome, source: str, store: ArtifactStore, tmp: Path, seed: int) -> dict:
+    """The evidence; an audit that fails is recorded as such and does not undo the unlearning."""
+    from worker.engine.audit_run import run_audit
+
+    try:
+        reference = None
+        if work["reference_location"]:
+            reference = store.local_path(work["reference_location"]) or \
+                store.fetch_directory(work["reference_location"], tmp / "reference")
+        return run_audit(source, outcome.model, outcome.tokenizer, work["forget"], work["retain"], work["holdout"],
+                         options=work["audit_options"], reference_source=str(reference) if reference else None,
+                         seed=seed)
+    except Exception as exc:
+        log.exception("audit failed")
+        return {"error": f"{type(exc).__name__}: {exc}"[:2000]}
+
+
 def _result(version: int | None, stop_reason: str, steps: int, wall_seconds: float) -> dict:
     return {"model_version": version, "stop_reason": stop_reason, "steps": steps, "wall_seconds": wall_seconds}
 
 
-def _finish(job_id: str, keeper: LeaseKeeper, result: dict, location: str, manifest: list | None) -> str:
+def _finish(job_id: str, keeper: LeaseKeeper, result: dict, location: str, manifest: list | None,
+            audit: dict | None) -> str:
     """One transaction: the version (at most one per job) and the job's end, if the lease is still ours."""
     keeper.done.set()
     with session_scope() as session:
@@ -149,6 +178,9 @@ def _finish(job_id: str, keeper: LeaseKeeper, result: dict, location: str, manif
         existing = session.query(ModelVersion).filter_by(job_id=job_id).one_or_none()
         version = existing or add_version(session, model, location=location, manifest=manifest, parent=parent,
                                           job_id=job_id, request_id=job.request_id)
+        job.report = build_report(job, result, audit or {"error": "not run"}, parent, version, keeper.owner)
+        audit_log.append(session, job.tenant, "report.created", job.id,
+                         {"report_sha256": job.report["sha256"], "forgotten": job.report["verdict"]["forgotten"]})
         end_job(job, "SUCCEEDED", result=_result(version.number, result["stop_reason"], result["steps"],
                                                   result["wall_seconds"]))
         return f"succeeded: version {version.number}"

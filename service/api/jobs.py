@@ -7,7 +7,7 @@ import logging
 
 from fastapi import APIRouter, Depends, Header, Query, Request
 from fastapi.encoders import jsonable_encoder
-from fastapi.responses import StreamingResponse
+from fastapi.responses import HTMLResponse, StreamingResponse
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
@@ -15,11 +15,12 @@ from service import registry
 from service.auth import Principal, require
 from service.db import session_scope, transactional
 from service.idempotency import idempotent
-from service.jobs import forget_evidence, get_job, job_view, request_cancel
+from service.jobs import forget_evidence, get_job, job_view, log_state, request_cancel
 from service.models import JOB_STATES, TERMINAL, Job, new_id, utcnow
 from service.pagination import paginate
 from service.problems import Problem, invalid, not_found
 from service.queue import enqueue
+from service.report_html import render_report
 from service.schemas import JobCreate, JobOut, Page
 from service.settings import get_settings
 from worker.engine.errors import EngineInputError
@@ -73,9 +74,12 @@ def submit(body: JobCreate, request: Request, who: Principal = Depends(require("
                   request_id=body.request_id, method=body.method, preset=body.preset, params=body.params or {},
                   state="QUEUED", forget_records=forget, forget_evidence=forget_evidence(forget),
                   retain_records=retain if retain is not None else model.retain_records, holdout_records=holdout,
-                  progress={}, attempt=0, max_attempts=settings.max_attempts, cancel_requested=False)
+                  progress={}, attempt=0, max_attempts=settings.max_attempts, cancel_requested=False,
+                  audit_options=body.audit.model_dump() if body.audit else None)
         session.add(job)
         session.flush()
+        log_state(job, {"base_version": job.base_version, "forget": job.forget_evidence["manifest_sha256"],
+                        "count": job.forget_evidence["count"]})
         return 202, job_view(job), f"/v1/unlearning-jobs/{job.id}"
 
     return idempotent(session, who, request, idempotency_key, body.model_dump(mode="json"), create, after_commit=send)
@@ -119,6 +123,24 @@ def engine_result(job_id: str, who: Principal = Depends(require("jobs:read")),
     if job.engine_result is None:
         raise not_found(f"the result of job {job_id!r} (state {job.state})")
     return job.engine_result
+
+
+@router.get("/{job_id}/report")
+@transactional
+def report(job_id: str, who: Principal = Depends(require("jobs:read")), session: Session = None):
+    job = get_job(session, who.tenant, job_id)
+    if job.report is None:
+        raise not_found(f"the report of job {job_id!r} (state {job.state}; reports exist for SUCCEEDED jobs)")
+    return job.report
+
+
+@router.get("/{job_id}/report.html", response_class=HTMLResponse)
+@transactional
+def report_html(job_id: str, who: Principal = Depends(require("jobs:read")), session: Session = None):
+    job = get_job(session, who.tenant, job_id)
+    if job.report is None:
+        raise not_found(f"the report of job {job_id!r} (state {job.state}; reports exist for SUCCEEDED jobs)")
+    return HTMLResponse(render_report(job.report))
 
 
 @router.get("/{job_id}/events")

@@ -11,6 +11,7 @@ import torch
 from service.db import session_scope
 from service.models import Job, ModelVersion
 from service.store import manifest_sha256
+from tests.service.browser import layout
 from tests.service.conftest import auth, wait_for
 from worker.engine.evaluate import exact_match
 from worker.engine.loading import load_model
@@ -30,8 +31,12 @@ def versions(client, model):
     return client.get(f"/v1/models/{model['id']}/versions", headers=auth()).json()["items"]
 
 
-def test_full_life_of_a_deletion_request(client, worker, registered_model, forget_records, tmp_path):
-    answer = submit(client, registered_model, forget_records, "dsar-full-life")
+def test_full_life_of_a_deletion_request(client, worker, registered_model, forget_records, retain_records, tmp_path):
+    # Version 1 stands in as the retrain reference for this forget set (the mechanism, not a real retrain).
+    marked = client.post(f"/v1/models/{registered_model['id']}/references", headers=auth(),
+                         json={"version": 1, "forget": forget_records})
+    assert marked.status_code == 201, marked.text
+    answer = submit(client, registered_model, forget_records, "dsar-full-life", holdout=retain_records[:10])
     assert answer.status_code == 202, answer.text
     job = answer.json()
     assert answer.headers["location"] == f"/v1/unlearning-jobs/{job['id']}"
@@ -80,6 +85,37 @@ def test_full_life_of_a_deletion_request(client, worker, registered_model, forge
     forget = encode_records(normalise_records(forget_records, "forget"), tokenizer, max_length=512, seed=0,
                             what="forget")
     assert exact_match(model, tokenizer, forget)["value"] <= 0.1
+
+    # The audit report: a verdict, the metrics before and after, and no forget text.
+    report = client.get(f"/v1/unlearning-jobs/{job['id']}/report", headers=auth()).json()
+    assert report["verdict"]["forgotten"] is True, report["verdict"]
+    audit = report["audit"]
+    assert audit["before"]["forget_verbatim"]["exact_match"]["value"] == 1.0
+    assert audit["after"]["forget_verbatim"]["exact_match"]["value"] <= 0.1
+    assert audit["forget_quality"]["value"] is not None  # against the marked reference
+    assert audit["privleak"]["loss"]["reference"] == "retrain reference"
+    assert report["evidence"]["forget_manifest_sha256"] == job["forget"]["manifest_sha256"]
+    assert report["evidence"]["new_version"]["manifest_sha256"] == version["manifest_sha256"]
+    text = json.dumps(report)
+    assert not any(r["completion"] in text for r in forget_records)
+    page = client.get(f"/v1/unlearning-jobs/{job['id']}/report.html", headers=auth())
+    assert page.status_code == 200 and "Forgotten:" in page.text and "<svg" in page.text and "http" not in \
+        page.text.split("<body>")[1].replace("https://lethe.dev", "")
+
+    # Rendered by a real browser: the verdict is on the first screen, the charts and evidence are drawn.
+    seen = layout(page.text, screenshot=tmp_path / "report.png")
+    [verdict] = seen["verdict"]
+    assert verdict["visible"] and verdict["top"] < seen["viewport"] and verdict["text"].startswith("Forgotten:")
+    assert len(seen["charts"]) >= 4 and all(c["visible"] for c in seen["charts"])
+    cells = [c["text"] for c in seen["evidence"]]
+    assert "dsar-full-life" in cells and job["forget"]["manifest_sha256"] in " ".join(cells)
+    assert (tmp_path / "report.png").stat().st_size > 10_000
+
+    # The audit log holds the job's life, and its chain verifies.
+    entries = client.get("/v1/audit-log", headers=auth(), params={"page_size": 1000}).json()["items"]
+    kinds = [e["kind"] for e in entries if e["subject"] == job["id"] or e["data"].get("job_id") == job["id"]]
+    assert kinds == ["job.queued", "job.running", "version.created", "report.created", "job.succeeded"]
+    assert client.get("/v1/audit-log/verify", headers=auth()).json()["ok"] is True
 
     # The erased data is gone from the database; its evidence stays.
     with session_scope() as session:

@@ -4,7 +4,7 @@ from sqlalchemy import create_engine, inspect
 
 from tests.service.conftest import create_pg_database, drop_pg_database, migrate, pg_url
 
-TABLES = {"api_keys", "models", "model_versions", "jobs", "idempotency_records"}
+TABLES = {"api_keys", "models", "model_versions", "jobs", "idempotency_records", "audit_log", "retrain_references"}
 
 
 def tables(url: str) -> set[str]:

@@ -1,0 +1,75 @@
+"""/v1/audit-log (the tenant's entries, oldest first) and its verification; retrain references."""
+from __future__ import annotations
+
+from fastapi import APIRouter, Depends, Query
+from pydantic import BaseModel, ConfigDict, Field
+from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from service import audit_log, registry
+from service.auth import Principal, require
+from service.db import transactional
+from service.jobs import forget_evidence
+from service.models import AuditEntry, RetrainReference
+from service.problems import Problem, invalid
+from service.api.jobs import checked_records
+from service.settings import get_settings
+
+router = APIRouter(tags=["audit"])
+
+
+def entry_out(e: AuditEntry) -> dict:
+    return {"seq": e.seq, "at": e.at, "kind": e.kind, "subject": e.subject, "data": e.data,
+            "prev_hash": e.prev_hash, "hash": e.hash}
+
+
+@router.get("/v1/audit-log")
+@transactional
+def list_entries(who: Principal = Depends(require("jobs:read")), session: Session = None,
+                 page_size: int = Query(100, ge=1, le=1000), page_token: str | None = None):
+    after = 0
+    if page_token is not None:
+        if not page_token.isdigit():
+            raise invalid("page_token is not a token this service issued", "page_token")
+        after = int(page_token)
+    rows = session.scalars(select(AuditEntry).where(AuditEntry.tenant == who.tenant, AuditEntry.seq > after)
+                           .order_by(AuditEntry.seq).limit(page_size + 1)).all()
+    more = len(rows) > page_size
+    rows = rows[:page_size]
+    return {"items": [entry_out(e) for e in rows], "next_page_token": str(rows[-1].seq) if more and rows else None}
+
+
+@router.get("/v1/audit-log/verify")
+@transactional
+def verify(who: Principal = Depends(require("jobs:read")), session: Session = None):
+    return audit_log.verify(session)
+
+
+class ReferenceCreate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    version: int = Field(ge=1)
+    forget: list[dict] | None = None
+    forget_manifest_sha256: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
+
+
+@router.post("/v1/models/{model_id}/references", status_code=201)
+@transactional
+def mark_reference(model_id: str, body: ReferenceCreate, who: Principal = Depends(require("models:write")),
+                   session: Session = None):
+    """Mark a version as the retrain reference for a forget set, named by its records or their manifest hash."""
+    model = registry.get_model(session, who.tenant, model_id)
+    version = registry.get_version(session, model, body.version)
+    if (body.forget is None) == (body.forget_manifest_sha256 is None):
+        raise invalid("give the forget records or their forget_manifest_sha256, not both", "forget")
+    digest = body.forget_manifest_sha256 or forget_evidence(
+        checked_records(body.forget, "forget", get_settings().max_records))["manifest_sha256"]
+    reference = RetrainReference(model_id=model.id, version_number=version.number, forget_manifest_sha256=digest)
+    session.add(reference)
+    try:
+        session.flush()
+    except IntegrityError:
+        raise Problem(409, "conflict", "Conflict", "this forget set already has a retrain reference") from None
+    audit_log.append(session, who.tenant, "reference.created", f"{model.id}/v{version.number}",
+                     {"forget_manifest_sha256": digest})
+    return {"model_id": model.id, "version": version.number, "forget_manifest_sha256": digest}

@@ -1,0 +1,71 @@
+"""The audit report of one job (issue 4): a verdict with the evidence behind it, the stop-rule trace,
+every metric before and after, and the evidence block. JSON for machines; report_html renders it."""
+from __future__ import annotations
+
+from service.jobs import canonical_sha256
+from service.models import Job, ModelVersion
+
+EXACT_MATCH_LIMIT = 0.1  # the share of forget records a "forgotten" model may still reproduce verbatim
+
+
+def _value(section: dict | None, *path):
+    for key in path:
+        section = (section or {}).get(key)
+    return section.get("value") if isinstance(section, dict) else section
+
+
+def verdict(engine: dict, audit: dict) -> dict:
+    """Forgotten when the stop rule fired and verbatim reproduction is gone, also after 4-bit quantisation."""
+    reasons, evidence = [], []
+    alpha = engine["params"]["alpha"]
+    if engine["stop_reason"] == "alpha":
+        evidence.append(f"stop rule fired: V = {engine['final_violation_rate']:.3f} <= alpha = {alpha}")
+    else:
+        reasons.append(f"the stop rule did not fire (stop reason {engine['stop_reason']})")
+    if "error" in audit:
+        reasons.append(f"the audit failed: {audit['error']}")
+    else:
+        before = _value(audit, "before", "forget_verbatim", "exact_match")
+        after = _value(audit, "after", "forget_verbatim", "exact_match")
+        line = f"verbatim exact match on the forget set {before:.0%} -> {after:.0%}"
+        (evidence if after <= EXACT_MATCH_LIMIT else reasons).append(line)
+        quantized = _value(audit, "quantization", "forget_verbatim", "exact_match")
+        if quantized is not None:
+            line = f"after 4-bit quantisation {quantized:.0%}"
+            (evidence if quantized <= EXACT_MATCH_LIMIT else reasons).append(line)
+        quality = audit.get("forget_quality", {})
+        if quality.get("value") is not None:
+            evidence.append(f"forget quality (KS p-value against the retrain reference) {quality['value']:.3g}")
+    bound = engine.get("bound", {}).get("aggregate", {})
+    if bound.get("max_bound") is not None:
+        evidence.append(f"Proposition-1 bound on verbatim reproduction of any one record <= {bound['max_bound']:.3g}"
+                        + ("" if bound.get("guaranteed") else " (not guaranteed: beta != 1)"))
+    forgotten = not reasons
+    return {"forgotten": forgotten,
+            "summary": ("Forgotten: " if forgotten else "Not established: ") + "; ".join(evidence if forgotten else reasons),
+            "evidence": evidence, "reasons": reasons}
+
+
+def build_report(job: Job, engine: dict, audit: dict, base: ModelVersion, new: ModelVersion | None,
+                 worker: str) -> dict:
+    report = {
+        "job_id": job.id, "verdict": verdict(engine, audit),
+        "stop_rule": {"stop_reason": engine["stop_reason"], "steps": engine["steps"],
+                      "alpha": engine["params"]["alpha"], "final_violation_rate": engine["final_violation_rate"],
+                      "v_trace": engine["v_trace"], "loss_trace": engine["loss_trace"],
+                      "wall_seconds": engine["wall_seconds"], "validation": engine["validation"],
+                      "flagged": engine["stop_reason"] == "max_steps"},
+        "bound": engine.get("bound"),
+        "audit": audit,
+        "evidence": {
+            "request_id": job.request_id, "forget_manifest_sha256": job.forget_evidence["manifest_sha256"],
+            "forget_count": job.forget_evidence["count"],
+            "base_version": {"number": base.number, "manifest_sha256": base.manifest_sha256},
+            "new_version": {"number": new.number, "manifest_sha256": new.manifest_sha256} if new else None,
+            "method": job.method, "preset": job.preset, "parameters": engine["params"], "seed": engine["seed"],
+            "versions": engine["versions"], "worker": worker, "device": engine["device"],
+            "created_at": job.created_at.isoformat(), "started_at": job.started_at.isoformat() if job.started_at else None,
+        },
+    }
+    report["sha256"] = canonical_sha256(report)
+    return report

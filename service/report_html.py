@@ -1,0 +1,161 @@
+"""The audit report as one self-contained HTML page (inline SVG, no external assets) for a compliance
+officer: the verdict first, then the charts, then the evidence block."""
+from __future__ import annotations
+
+import html
+import json
+import math
+
+W, H, PAD = 560, 220, 40
+COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd"]
+
+
+def _e(value) -> str:
+    return html.escape(str(value))
+
+
+def _fmt(value) -> str:
+    if value is None:
+        return "n/a"
+    if isinstance(value, float):
+        return f"{value:.3g}"
+    return _e(value)
+
+
+def line_chart(series: list[tuple[str, list, list]], title: str, hline: tuple[str, float] | None = None) -> str:
+    points = [(x, y) for _, xs, ys in series for x, y in zip(xs, ys) if y is not None]
+    if not points:
+        return f"<p>{_e(title)}: no data.</p>"
+    x0, x1 = min(p[0] for p in points), max(p[0] for p in points) or 1
+    ys = [p[1] for p in points] + ([hline[1]] if hline else [])
+    y0, y1 = min(0.0, min(ys)), max(ys) or 1.0
+    sx = lambda x: PAD + (x - x0) / ((x1 - x0) or 1) * (W - 2 * PAD)  # noqa: E731
+    sy = lambda y: H - PAD + (y0 - y) / ((y1 - y0) or 1) * (H - 2 * PAD)  # noqa: E731
+    parts = [f'<svg role="img" aria-label="{_e(title)}" width="{W}" height="{H}" viewBox="0 0 {W} {H}">',
+             f'<text x="{W / 2}" y="16" text-anchor="middle" font-size="13">{_e(title)}</text>',
+             f'<line x1="{PAD}" y1="{H - PAD}" x2="{W - PAD}" y2="{H - PAD}" stroke="#888"/>',
+             f'<line x1="{PAD}" y1="{PAD}" x2="{PAD}" y2="{H - PAD}" stroke="#888"/>',
+             f'<text x="{PAD}" y="{H - PAD + 14}" font-size="10">{_fmt(x0)}</text>',
+             f'<text x="{W - PAD}" y="{H - PAD + 14}" font-size="10" text-anchor="end">{_fmt(x1)}</text>',
+             f'<text x="{PAD - 4}" y="{sy(y1) + 4}" font-size="10" text-anchor="end">{_fmt(y1)}</text>',
+             f'<text x="{PAD - 4}" y="{sy(y0) + 4}" font-size="10" text-anchor="end">{_fmt(y0)}</text>']
+    if hline:
+        parts.append(f'<line x1="{PAD}" y1="{sy(hline[1])}" x2="{W - PAD}" y2="{sy(hline[1])}" stroke="#e377c2" '
+                     f'stroke-dasharray="5,4"/><text x="{W - PAD}" y="{sy(hline[1]) - 4}" font-size="10" '
+                     f'text-anchor="end" fill="#e377c2">{_e(hline[0])}</text>')
+    for i, (name, xs, ys_) in enumerate(series):
+        path = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in zip(xs, ys_) if y is not None)
+        color = COLORS[i % len(COLORS)]
+        parts.append(f'<polyline fill="none" stroke="{color}" stroke-width="1.5" points="{path}"/>'
+                     f'<text x="{PAD + 8 + 110 * i}" y="{PAD - 6}" font-size="11" fill="{color}">{_e(name)}</text>')
+        if len(xs) <= 60:  # few points (confirmations, probes): mark each, so a single one still shows
+            parts += [f'<circle cx="{sx(x):.1f}" cy="{sy(y):.1f}" r="3" fill="{color}"/>'
+                      for x, y in zip(xs, ys_) if y is not None]
+    return "".join(parts) + "</svg>"
+
+
+def bar_chart(rows: list[tuple[str, float | None, float | None]], title: str, legend: bool = True) -> str:
+    rows = [r for r in rows if r[1] is not None or r[2] is not None]
+    height = 40 + 34 * len(rows)
+    top = max([abs(v) for _, a, b in rows for v in (a, b) if v is not None] + [1e-9])
+    label_w, bar_w = 210, W - 210 - 60
+    parts = [f'<svg role="img" aria-label="{_e(title)}" width="{W}" height="{height}" viewBox="0 0 {W} {height}">',
+             f'<text x="{W / 2}" y="16" text-anchor="middle" font-size="13">{_e(title)}</text>']
+    if legend:
+        parts.append(f'<rect x="{label_w}" y="22" width="10" height="8" fill="#aaa"/><text x="{label_w + 14}" y="30" '
+                     f'font-size="10">before</text><rect x="{label_w + 70}" y="22" width="10" height="8" '
+                     f'fill="#1f77b4"/><text x="{label_w + 84}" y="30" font-size="10">after</text>')
+    for i, (label, before, after) in enumerate(rows):
+        y = 40 + 34 * i
+        parts.append(f'<text x="{label_w - 6}" y="{y + 14}" font-size="11" text-anchor="end">{_e(label)}</text>')
+        for j, (value, color) in enumerate(((before, "#aaa"), (after, "#1f77b4"))):
+            if value is None:
+                continue
+            length = abs(value) / top * bar_w
+            parts.append(f'<rect x="{label_w}" y="{y + 13 * j}" width="{length:.1f}" height="11" fill="{color}"/>'
+                         f'<text x="{label_w + length + 4}" y="{y + 13 * j + 9}" font-size="10">{_fmt(value)}</text>')
+    return "".join(parts) + "</svg>"
+
+
+def histogram(values: list[float], title: str, bins: int = 12) -> str:
+    if not values:
+        return f"<p>{_e(title)}: no data.</p>"
+    lo, hi = min(values), max(values)
+    width = (hi - lo) / bins or 1.0
+    counts = [0] * bins
+    for v in values:
+        counts[min(bins - 1, int((v - lo) / width))] += 1
+    return bar_chart([(f"{lo + i * width:.1f} to {lo + (i + 1) * width:.1f}", None, float(c))
+                      for i, c in enumerate(counts)], title, legend=False)
+
+
+def _v(section, *path):
+    for key in path:
+        section = (section or {}).get(key) if isinstance(section, dict) else None
+    return section.get("value") if isinstance(section, dict) else None
+
+
+def render_report(report: dict) -> str:
+    v, stop, audit, ev = report["verdict"], report["stop_rule"], report["audit"], report["evidence"]
+    checks = [e for e in stop["v_trace"] if e["stage"] == "confirm"] or stop["v_trace"]
+    trace = line_chart([("V (trigger)", [e["step"] for e in stop["v_trace"] if e["stage"] == "trigger"],
+                         [e["v"] for e in stop["v_trace"] if e["stage"] == "trigger"]),
+                        ("V (confirmed)", [e["step"] for e in checks], [e["v"] for e in checks])],
+                       "Violation rate V on D_val against alpha", ("alpha = " + str(stop["alpha"]), stop["alpha"]))
+    losses = stop["loss_trace"]
+    loss = line_chart([(name, [p["step"] for p in losses], [p.get(name) for p in losses])
+                       for name in ("total", "forget", "retain")], "Losses per step")
+    before, after = audit.get("before", {}), audit.get("after", {})
+    metric_rows = [(label, _v(before, *path), _v(after, *path)) for label, path in (
+        ("forget exact match", ("forget_verbatim", "exact_match")),
+        ("forget ROUGE-L recall", ("forget_verbatim", "rouge_l_recall")),
+        ("forget extraction strength", ("forget_verbatim", "extraction_strength")),
+        ("forget token accuracy", ("forget_verbatim", "token_accuracy")),
+        ("paraphrased ROUGE-L recall", ("forget_knowledge", "rouge_l_recall")),
+        ("forget truth-ratio score", ("forget_truth_ratio",)),
+        ("model utility (retain)", ("retain_utility", "model_utility")),
+        ("MIA AUC (LOSS)", ("membership", "loss")), ("MIA AUC (Min-K%++)", ("membership", "min_k_pp")))]
+    bounds = [r["log10_bound"] for r in (report.get("bound") or {}).get("per_record", [])]
+    quant = audit.get("quantization")
+    relearn = audit.get("relearning", {})
+    relearn_chart = line_chart([("ROUGE-L recall", [p["steps"] for p in relearn["points"]],
+                                 [p["rouge_l_recall"] for p in relearn["points"]]),
+                                ("exact match", [p["steps"] for p in relearn["points"]],
+                                 [p["exact_match"] for p in relearn["points"]])],
+                               "Relearning: memorisation of the held-back half after fine-tuning steps") \
+        if relearn.get("points") else f"<p>Relearning probe: {_e(relearn.get('reason', 'not run'))}.</p>"
+    quant_html = (f"<p>Scheme: {_e(quant['scheme'])}. Change in forget metrics after quantisation: "
+                  + ", ".join(f"{_e(k)} {_fmt(val)}" for k, val in quant["change"].items()) + ".</p>") \
+        if quant else "<p>Quantisation check: not run.</p>"
+    fq, leak = audit.get("forget_quality", {}), (audit.get("privleak") or {}).get("loss", {})
+    evidence_rows = {
+        "Request id": ev["request_id"], "Forget set": f"{ev['forget_count']} records, manifest sha256 {ev['forget_manifest_sha256']}",
+        "Base version": f"v{ev['base_version']['number']}, manifest sha256 {ev['base_version']['manifest_sha256']}",
+        "New version": (f"v{ev['new_version']['number']}, manifest sha256 {ev['new_version']['manifest_sha256']}"
+                        if ev["new_version"] else "none"),
+        "Method": f"{ev['method']} (preset {ev['preset'] or 'none'})", "Seed": ev["seed"],
+        "Parameters": json.dumps(ev["parameters"], sort_keys=True),
+        "Code and libraries": ", ".join(f"{k} {val}" for k, val in ev["versions"].items()),
+        "Worker": f"{ev['worker']} on {ev['device']}", "Submitted": ev["created_at"], "Started": ev["started_at"],
+        "Stop": f"{stop['stop_reason']} after {stop['steps']} steps, {stop['wall_seconds']:.1f} s"
+                + (" (flagged: hit max_steps)" if stop["flagged"] else ""),
+        "Forget quality": _fmt(fq.get("value")) + (f" ({_e(fq['reason'])})" if fq.get("reason") else ""),
+        "PrivLeak (LOSS)": _fmt(leak.get("value")) + (f" against {_e(leak['reference'])}" if leak.get("reference")
+                                                      else f" ({_e(leak.get('reason', 'n/a'))})"),
+        "Report sha256": report.get("sha256", ""),
+    }
+    colour = "#1a7f37" if v["forgotten"] else "#b42318"
+    return f"""<!doctype html><html lang="en"><head><meta charset="utf-8"><title>Unlearning audit {_e(report['job_id'])}</title>
+<style>body{{font-family:sans-serif;max-width:980px;margin:24px auto;color:#222}}
+.verdict{{border:2px solid {colour};color:{colour};padding:12px 16px;font-size:18px;font-weight:bold}}
+table{{border-collapse:collapse;font-size:13px;table-layout:fixed;width:100%}}td:first-child{{width:170px}}td{{border:1px solid #ddd;padding:4px 8px;vertical-align:top;word-break:break-all}}
+section{{margin-top:22px}}</style></head><body>
+<h1>Unlearning audit report</h1>
+<div class="verdict" id="verdict">{_e(v['summary'])}</div>
+<ul>{''.join(f'<li>{_e(item)}</li>' for item in v['evidence'] + v['reasons'])}</ul>
+<section><h2>Stop rule</h2>{trace}{loss}</section>
+<section><h2>Before and after</h2>{bar_chart(metric_rows, 'Metrics of the base (before) and new (after) version')}</section>
+<section><h2>Proposition-1 bound per record (log10)</h2>{histogram(bounds, 'Records by log10 of the bound on verbatim reproduction')}</section>
+<section><h2>Robustness</h2>{quant_html}{relearn_chart}</section>
+<section><h2>Evidence</h2><table id="evidence">{''.join(f'<tr><td>{_e(k)}</td><td>{_e(val)}</td></tr>' for k, val in evidence_rows.items())}</table></section>
+</body></html>"""
