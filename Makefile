@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install run demo test bench-engine bench-service clean
+.PHONY: install run demo test bench-engine bench-service bench-audit clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -31,6 +31,9 @@ test: $(STAMP)
 
 bench-engine: $(STAMP)
 	$(PY) -m bench.bench_engine
+
+bench-audit: $(STAMP)
+	$(PY) -m bench.bench_audit
 
 bench-service: $(STAMP)
 	command -v wrk >/dev/null || (apt-get update -qq && apt-get install -y -qq wrk)

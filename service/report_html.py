@@ -144,6 +144,13 @@ def render_report(report: dict) -> str:
                                                       else f" ({_e(leak.get('reason', 'n/a'))})"),
         "Report sha256": report.get("sha256", ""),
     }
+    examples = ""
+    generated_after = after.get("forget_verbatim", {}).get("generated")
+    if generated_after:  # only when the request asked for examples
+        generated_before = before.get("forget_verbatim", {}).get("generated", {})
+        examples = ("<section><h2>Examples (requested)</h2><table><tr><td>record</td><td>before</td><td>after</td></tr>"
+                    + "".join(f"<tr><td>{_e(k)}</td><td>{_e(generated_before.get(k, ''))}</td><td>{_e(text)}</td></tr>"
+                              for k, text in list(generated_after.items())[:20]) + "</table></section>")
     colour = "#1a7f37" if v["forgotten"] else "#b42318"
     return f"""<!doctype html><html lang="en"><head><meta charset="utf-8"><title>Unlearning audit {_e(report['job_id'])}</title>
 <style>body{{font-family:sans-serif;max-width:980px;margin:24px auto;color:#222}}
@@ -157,5 +164,6 @@ section{{margin-top:22px}}</style></head><body>
 <section><h2>Before and after</h2>{bar_chart(metric_rows, 'Metrics of the base (before) and new (after) version')}</section>
 <section><h2>Proposition-1 bound per record (log10)</h2>{histogram(bounds, 'Records by log10 of the bound on verbatim reproduction')}</section>
 <section><h2>Robustness</h2>{quant_html}{relearn_chart}</section>
+{examples}
 <section><h2>Evidence</h2><table id="evidence">{''.join(f'<tr><td>{_e(k)}</td><td>{_e(val)}</td></tr>' for k, val in evidence_rows.items())}</table></section>
 </body></html>"""

@@ -64,7 +64,11 @@ def test_quantization_and_relearning_sections(audited):
 def test_forget_quality_against_a_reference(fixture_model, forget_records, retain_records):
     model, tokenizer = load_model(fixture_model, torch.device("cpu"))
     report = run_audit(str(fixture_model), model, tokenizer, forget_records, retain_records, None,
-                       options={"relearn": False, "quantization": False}, reference_source=str(fixture_model))
+                       options={"relearn": False, "quantization": False, "examples": True},
+                       reference_source=str(fixture_model))
     # The model against itself as the reference: identical truth ratios, KS p-value 1.
     assert report["forget_quality"]["value"] == pytest.approx(1.0)
     assert report["privleak"]["loss"]["value"] is None
+    assert "quantization" not in report and "relearning" not in report  # switched off
+    generated = report["after"]["forget_verbatim"]["generated"]  # examples were asked for
+    assert generated[forget_records[0]["id"]].strip() == forget_records[0]["completion"]

@@ -49,17 +49,18 @@ def _truth_ratios(model, tokenizer, rs: RecordSet) -> dict[str, float]:
             for rid, group in zip(rs.tr_ids, rs.tr_false)}
 
 
-def verbatim(model, tokenizer, rs: RecordSet) -> dict:
+def verbatim(model, tokenizer, rs: RecordSet, stats=None) -> dict:
     """Exact match, ROUGE-L recall, extraction strength, token accuracy on a set's own prompts."""
     generated = generation_metrics(model, tokenizer, rs.main, rs.references)
+    stats = stats if stats is not None else token_stats(model, rs.main, tokenizer.pad_token_id)
     return {"exact_match": generated["exact_match"], "rouge_l_recall": generated["rouge_l_recall"],
-            **_teacher_forced(token_stats(model, rs.main, tokenizer.pad_token_id)),
-            "generated": generated["generated"]}
+            **_teacher_forced(stats), "generated": generated["generated"]}
 
 
 def evaluate(model, tokenizer, forget: RecordSet, retain: RecordSet | None, holdout: RecordSet | None) -> dict:
     pad = tokenizer.pad_token_id
-    out: dict = {"forget_verbatim": verbatim(model, tokenizer, forget)}
+    forget_stats = token_stats(model, forget.main, pad)  # one pass serves verbatim and membership
+    out: dict = {"forget_verbatim": verbatim(model, tokenizer, forget, forget_stats)}
     # Knowledge: the same on paraphrased prompts, and the truth ratio.
     if forget.paraphrased:
         refs = {r.id: forget.references[r.id] for r in forget.paraphrased}
@@ -90,9 +91,9 @@ def evaluate(model, tokenizer, forget: RecordSet, retain: RecordSet | None, hold
         out["retain_utility"] = {"model_utility": unavailable("no retain records (request or model)")}
     # Membership inference: forget (members) against holdout (non-members).
     if holdout is not None and holdout.main:
-        def scores(rs):
-            return {s.id: attack_scores(s, rs.references[s.id]) for s in token_stats(model, rs.main, pad)}
-        members, others = scores(forget), scores(holdout)
+        def scores(rs, stats):
+            return {s.id: attack_scores(s, rs.references[s.id]) for s in stats}
+        members, others = scores(forget, forget_stats), scores(holdout, token_stats(model, holdout.main, pad))
         out["membership"] = {a: {"value": roc_auc([m[a] for m in members.values()], [o[a] for o in others.values()]),
                                  "per_record": {k: v[a] for k, v in members.items()}} for a in ATTACKS}
     else:

@@ -10,14 +10,19 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
+from worker.engine.loading import load_model
 from worker.engine.margin import active_positions, token_nll
 from worker.engine.records import batches, collate, encode_records, normalise_records
 from worker.engine.runtime import seed_everything
 
 EOS = "<|endoftext|>"
+# Qwen2's pre-tokenisation (digits one by one, NFC). transformers 5 loads a directory whose config says
+# qwen2 with its Qwen2Tokenizer, which rebuilds exactly this pipeline: a fixture trained with another
+# one would be tokenised differently after reloading than it was in training.
+QWEN2_SPLIT = r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
 TEXT_FIELDS = ("prompt", "completion", "text", "paraphrased_prompt", "paraphrased_completion")
 
 
@@ -38,7 +43,10 @@ def train_tokenizer(records: list[dict], vocab_size: int) -> PreTrainedTokenizer
     texts = [r[f] for r in records for f in TEXT_FIELDS if isinstance(r.get(f), str)]
     texts += [t for r in records for t in r.get("perturbed_completions") or [] if isinstance(t, str)]
     bpe = Tokenizer(models.BPE())
-    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.normalizer = normalizers.NFC()
+    bpe.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(QWEN2_SPLIT), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
     bpe.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[EOS], show_progress=False,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
@@ -99,11 +107,14 @@ def build_fixture(records: list[dict], out: str | Path, cfg: FixtureConfig | Non
             if memorised == 1.0:
                 break
     model.eval()
-    memorised = memorised_fraction(model, encoded, pad)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)
+    # Measured on what from_pretrained gives back, tokenizer included: the figure users will see.
+    reloaded, reloaded_tokenizer = load_model(out, torch.device("cpu"))
+    memorised = memorised_fraction(reloaded, encode_records(records, reloaded_tokenizer, max_length=cfg.context,
+                                                            seed=cfg.seed, what="fixture"), pad)
     summary = {"records": len(encoded), "epochs": epochs_run, "memorised_fraction": memorised,
                "parameters": sum(p.numel() for p in model.parameters()), "vocab": len(tokenizer),
                "seconds": round(time.perf_counter() - started, 2), "config": asdict(cfg)}
