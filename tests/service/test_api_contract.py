@@ -68,6 +68,8 @@ def test_another_tenants_ids_answer_404(client, registered_model, forget_records
     assert mine.status_code == 202
     assert client.get(f"/v1/unlearning-jobs/{mine.json()['id']}", headers=auth(other)).status_code == 404
     assert client.post(f"/v1/unlearning-jobs/{mine.json()['id']}:cancel", headers=auth(other)).status_code == 404
+    theirs = client.get("/v1/audit-log", headers=auth(other)).json()["items"]
+    assert theirs and {e["kind"] for e in theirs} == {"key.created"}  # their own key, nothing of ours
 
 
 def test_idempotency_replays_and_refuses_another_body(client, registered_model, forget_records):

@@ -1,0 +1,47 @@
+"""The report's verdict line: which evidence makes it 'Forgotten', and what makes it 'Not established'."""
+from service.report import verdict
+from service.report_html import render_report
+
+
+def engine(stop_reason="alpha", v=0.1, beta=1.0):
+    return {"stop_reason": stop_reason, "final_violation_rate": v, "params": {"alpha": 0.2},
+            "bound": {"aggregate": {"max_bound": 0.01, "guaranteed": beta == 1.0}}}
+
+
+def audit(before=1.0, after=0.0, quantized=0.0, quality=None):
+    return {"before": {"forget_verbatim": {"exact_match": {"value": before}}},
+            "after": {"forget_verbatim": {"exact_match": {"value": after}}},
+            "quantization": {"forget_verbatim": {"exact_match": {"value": quantized}}},
+            "forget_quality": {"value": quality}}
+
+
+def test_forgotten_needs_the_stop_rule_and_no_verbatim_reproduction():
+    v = verdict(engine(), audit(quality=0.5))
+    assert v["forgotten"] and v["summary"].startswith("Forgotten:") and not v["reasons"]
+    assert any("forget quality" in e for e in v["evidence"])
+
+
+def test_each_failure_is_a_reason():
+    assert verdict(engine(stop_reason="max_steps"), audit())["reasons"] == [
+        "the stop rule did not fire (stop reason max_steps)"]
+    v = verdict(engine(), audit(after=0.3))
+    assert not v["forgotten"] and "100% -> 30%" in v["summary"]
+    v = verdict(engine(), audit(quantized=0.5))
+    assert not v["forgotten"] and "after 4-bit quantisation 50%" in v["reasons"]
+    v = verdict(engine(), {"error": "RuntimeError: out of memory"})
+    assert not v["forgotten"] and v["summary"].startswith("Not established:")
+    assert "not guaranteed" in " ".join(verdict(engine(beta=5.0), audit())["evidence"])
+
+
+def test_the_page_escapes_what_it_quotes():
+    report = {"job_id": "job_<x>", "verdict": verdict(engine(), audit()),
+              "stop_rule": {"v_trace": [], "loss_trace": [], "alpha": 0.2, "stop_reason": "alpha", "steps": 0,
+                            "wall_seconds": 1.0, "flagged": False},
+              "audit": {"after": {"forget_verbatim": {"generated": {"r1": "<script>alert(1)</script>"}}}},
+              "evidence": {"request_id": "<b>dsar</b>", "forget_count": 1, "forget_manifest_sha256": "f",
+                           "base_version": {"number": 1, "manifest_sha256": "a"}, "new_version": None,
+                           "method": "masc", "preset": None, "seed": 0, "parameters": {}, "versions": {},
+                           "worker": "w", "device": "cpu", "created_at": "t", "started_at": "t"}}
+    page = render_report(report)
+    assert "<script>alert(1)</script>" not in page and "&lt;script&gt;" in page
+    assert "<b>dsar</b>" not in page and "&lt;b&gt;dsar&lt;/b&gt;" in page
