@@ -17,9 +17,11 @@ def _value(section: dict | None, *path):
 def verdict(engine: dict, audit: dict) -> dict:
     """Forgotten when the stop rule fired and verbatim reproduction is gone, also after 4-bit quantisation."""
     reasons, evidence = [], []
-    alpha = engine["params"]["alpha"]
+    alpha = engine["params"].get("alpha")
     if engine["stop_reason"] == "alpha":
         evidence.append(f"stop rule fired: V = {engine['final_violation_rate']:.3f} <= alpha = {alpha}")
+    elif engine["stop_reason"] == "budget":  # a baseline: no stop rule, the verbatim evidence decides
+        evidence.append(f"{engine.get('method', 'baseline')} ran its fixed budget of {engine['steps']} steps")
     else:
         reasons.append(f"the stop rule did not fire (stop reason {engine['stop_reason']})")
     if "error" in audit:
@@ -51,7 +53,7 @@ def build_report(job: Job, engine: dict, audit: dict, base: ModelVersion, new: M
     report = {
         "job_id": job.id, "verdict": verdict(engine, audit),
         "stop_rule": {"stop_reason": engine["stop_reason"], "steps": engine["steps"],
-                      "alpha": engine["params"]["alpha"], "final_violation_rate": engine["final_violation_rate"],
+                      "alpha": engine["params"].get("alpha"), "final_violation_rate": engine["final_violation_rate"],
                       "v_trace": engine["v_trace"], "loss_trace": engine["loss_trace"],
                       "wall_seconds": engine["wall_seconds"], "validation": engine["validation"],
                       "flagged": engine["stop_reason"] == "max_steps"},

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import html
 import json
-import math
 
 W, H, PAD = 560, 220, 40
 COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd"]
@@ -101,7 +100,8 @@ def render_report(report: dict) -> str:
     trace = line_chart([("V (trigger)", [e["step"] for e in stop["v_trace"] if e["stage"] == "trigger"],
                          [e["v"] for e in stop["v_trace"] if e["stage"] == "trigger"]),
                         ("V (confirmed)", [e["step"] for e in checks], [e["v"] for e in checks])],
-                       "Violation rate V on D_val against alpha", ("alpha = " + str(stop["alpha"]), stop["alpha"]))
+                       "Violation rate V on D_val against alpha",
+                       ("alpha = " + str(stop["alpha"]), stop["alpha"]) if stop["alpha"] is not None else None)
     losses = stop["loss_trace"]
     loss = line_chart([(name, [p["step"] for p in losses], [p.get(name) for p in losses])
                        for name in ("total", "forget", "retain")], "Losses per step")

@@ -57,7 +57,7 @@ class JobCreate(Strict):
     forget: list[Record] = Field(min_length=1)
     retain: list[Record] | None = None
     holdout: list[Record] | None = None
-    method: Literal["masc"] = "masc"
+    method: Literal["masc", "ga", "graddiff", "npo", "npo_kl", "simnpo", "rmu"] = "masc"
     preset: str | None = None
     params: dict[str, Any] | None = None
     audit: AuditOptions | None = None

@@ -34,6 +34,19 @@ def test_unlearn_cli_writes_model_and_result(fixture_model, forget_records, reta
     assert sorted(p.name for p in tmp_path.iterdir()) == ["forget.jsonl", "out", "retain.jsonl"]  # no staging left
 
 
+def test_unlearn_cli_runs_a_baseline(fixture_model, forget_records, retain_records, tmp_path, capsys):
+    forget = write_jsonl(tmp_path / "forget.jsonl", forget_records)
+    retain = write_jsonl(tmp_path / "retain.jsonl", retain_records)
+    code = main(["unlearn", "--model", str(fixture_model), "--forget", str(forget), "--retain", str(retain),
+                 "--out", str(tmp_path / "out"), "--method", "npo", "--epochs", "1", "--full", "--no-progress"])
+    assert code == 0 and "stop_reason=budget" in capsys.readouterr().out
+    result = json.loads((tmp_path / "out" / "result.json").read_text())
+    assert result["method"] == "npo" and result["params"]["lora"] is False and result["params"]["beta"] == 0.1
+    assert main(["unlearn", "--model", str(fixture_model), "--forget", str(forget), "--out", str(tmp_path / "o2"),
+                 "--method", "npo", "--k", "3"]) == 2
+    assert "unknown parameter 'k' for method npo" in capsys.readouterr().err
+
+
 def test_fixture_cli_builds_a_loadable_model(forget_records, tmp_path):
     records = write_jsonl(tmp_path / "records.jsonl", forget_records)
     done = run_cli("fixture", "--records", str(records), "--out", str(tmp_path / "fx"), "--epochs", "2",

@@ -95,14 +95,14 @@ def run(job_id: str) -> str:
 def _execute(job_id: str, work: dict, keeper: LeaseKeeper, settings) -> str:
     from worker.engine.errors import EngineInputError
     from worker.engine.loading import save_model
-    from worker.engine.params import MascParams
+    from worker.engine.params import params_for
     from worker.engine.unlearn import run_unlearning
 
     store = ArtifactStore(settings.artifact_root)
     try:
         with tempfile.TemporaryDirectory(prefix="lethe-") as tmp:
             source = store.local_path(work["location"]) or store.fetch_directory(work["location"], Path(tmp) / "base")
-            params = MascParams.from_dict(work["params"], preset=work["preset"])
+            params = params_for(work["method"], work["params"], preset=work["preset"])
 
             def progress(p):
                 keeper.latest_progress = {k: p[k] for k in ("step", "max_steps", "violation_rate", "losses")}

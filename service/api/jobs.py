@@ -18,13 +18,13 @@ from service.idempotency import idempotent
 from service.jobs import forget_evidence, get_job, job_view, log_state, request_cancel
 from service.models import JOB_STATES, TERMINAL, Job, new_id, utcnow
 from service.pagination import paginate
-from service.problems import Problem, invalid, not_found
+from service.problems import invalid, not_found
 from service.queue import enqueue
 from service.report_html import render_report
 from service.schemas import JobCreate, JobOut, Page
 from service.settings import get_settings
 from worker.engine.errors import EngineInputError
-from worker.engine.params import MascParams
+from worker.engine.params import params_for
 from worker.engine.recordset import normalise_records
 
 router = APIRouter(prefix="/v1/unlearning-jobs", tags=["unlearning jobs"])
@@ -67,7 +67,7 @@ def submit(body: JobCreate, request: Request, who: Principal = Depends(require("
         retain = checked_records(body.retain, "retain", settings.max_records)
         holdout = checked_records(body.holdout, "holdout", settings.max_records)
         try:  # the engine's own rules, so a job never fails later on its parameters
-            MascParams.from_dict(body.params, preset=body.preset)
+            params_for(body.method, body.params, preset=body.preset)
         except EngineInputError as exc:
             raise invalid(str(exc), f"params.{exc.field}" if exc.field and exc.field != "preset" else exc.field) from None
         job = Job(id=new_id("job"), tenant=who.tenant, model_id=model.id, base_version=version.number,

@@ -14,7 +14,6 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from tests.conftest import TINY  # noqa: F401  (the fixture model's configuration)
 
 ROOT = Path(__file__).resolve().parents[2]
 PG_ADMIN = "postgresql://postgres@127.0.0.1:5432/test"

@@ -118,6 +118,8 @@ BAD_JOBS = [
     ("unknown parameter", {"params": {"gamma": 1}}, 422, "/invalid-request"),
     ("unknown preset", {"preset": "llama-9000"}, 422, "/invalid-request"),
     ("unknown method", {"method": "sorcery"}, 422, "/invalid-request"),
+    ("baseline given a MASC parameter", {"method": "npo", "params": {"alpha": 0.2}}, 422, "/invalid-request"),
+    ("baseline given a preset", {"method": "graddiff", "params": {}, "preset": "tofu-llama2"}, 422, "/invalid-request"),
 ]
 
 

@@ -153,3 +153,15 @@ def test_sigkilled_worker_job_is_retried_and_succeeds_exactly_once(client, worke
     with session_scope() as session:
         made = session.query(ModelVersion).filter_by(job_id=job["id"]).all()
     assert len(made) == 1 and made[0].number == done["result"]["model_version"]
+
+
+def test_a_baseline_runs_its_budget_through_the_service(client, worker, registered_model, forget_records):
+    job = submit(client, registered_model, forget_records, "dsar-graddiff", version=1, method="graddiff",
+                 params={"epochs": 2, "effective_batch": 4, "lr": 1e-3},
+                 audit={"quantization": False, "relearn": False}).json()
+    done = wait_for(client, job["id"])
+    assert done["state"] == "SUCCEEDED", done
+    assert done["result"]["stop_reason"] == "budget" and done["result"]["steps"] == 6  # 2 epochs x ceil(10 / 4)
+    report = client.get(f"/v1/unlearning-jobs/{job['id']}/report", headers=auth()).json()
+    assert "graddiff ran its fixed budget of 6 steps" in report["verdict"]["evidence"]
+    assert "quantization" not in report["audit"] and "relearning" not in report["audit"]

@@ -10,7 +10,12 @@ import tempfile
 from pathlib import Path
 
 from worker.engine.errors import EngineInputError
-from worker.engine.params import MascParams
+from worker.engine.baseline_params import BaselineParams
+from worker.engine.params import MascParams, params_for
+
+# Every parameter of every method is a flag; params_for refuses those the chosen method lacks.
+PARAM_NAMES = list(dict.fromkeys(f.name for cls in (MascParams, BaselineParams) for f in dataclasses.fields(cls)
+                                 if f.name not in ("lora", "method")))
 
 
 
@@ -32,7 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
     fixture.add_argument("--layers", type=int, default=4)
     fixture.add_argument("--vocab-size", type=int, default=2048)
 
-    unlearn = commands.add_parser("unlearn", help="run MASC until its stop rule fires")
+    unlearn = commands.add_parser("unlearn", help="run MASC until its stop rule fires, or a baseline's budget")
     unlearn.add_argument("--model", required=True, help="a from_pretrained directory or hub id")
     unlearn.add_argument("--forget", required=True)
     unlearn.add_argument("--retain")
@@ -42,9 +47,8 @@ def build_parser() -> argparse.ArgumentParser:
     unlearn.add_argument("--device", default="auto")
     unlearn.add_argument("--full", action="store_true", help="full fine-tuning with a frozen copy instead of LoRA")
     unlearn.add_argument("--no-progress", action="store_true")
-    for f in dataclasses.fields(MascParams):
-        if f.name != "lora":
-            unlearn.add_argument("--" + f.name.replace("_", "-"), dest=f.name, default=None, metavar="V")
+    for name in PARAM_NAMES:
+        unlearn.add_argument("--" + name.replace("_", "-"), dest=name, default=None, metavar="V")
     return parser
 
 
@@ -87,19 +91,19 @@ def cmd_unlearn(args) -> int:
     from worker.engine.records import read_records
     from worker.engine.unlearn import run_unlearning
 
-    values = {f.name: getattr(args, f.name) for f in dataclasses.fields(MascParams)
-              if f.name != "lora" and getattr(args, f.name) is not None}
+    values = {name: getattr(args, name) for name in PARAM_NAMES if getattr(args, name) is not None}
     if args.full:
         values["lora"] = False
-    params = MascParams.from_dict(values, preset=args.preset)
+    params = params_for(args.method, values, preset=args.preset)
     forget = read_records(args.forget)
     retain = read_records(args.retain) if args.retain else []
     out = Path(args.out)
     staging = prepare_out(out)
     try:
-        bar = tqdm(total=params.max_steps, unit="step", disable=args.no_progress, file=sys.stderr)
+        bar = tqdm(total=getattr(params, "max_steps", None), unit="step", disable=args.no_progress, file=sys.stderr)
 
         def progress(p):
+            bar.total = p["max_steps"]
             bar.update(p["step"] - bar.n)
             v = p["violation_rate"]
             bar.set_postfix(loss=f"{p['losses']['total']:.4f}", V="-" if v is None else f"{v:.3f}")

@@ -9,7 +9,7 @@ from worker.engine.metrics.forward import token_stats
 from worker.engine.metrics.privacy import attack_scores, roc_auc
 from worker.engine.metrics.text import generation_metrics
 from worker.engine.metrics.truth_ratio import forget_score, retain_score, truth_ratio
-from worker.engine.records import EncodedRecord, encode_records
+from worker.engine.records import encode_records
 
 ATTACKS = ("loss", "zlib", "min_k", "min_k_pp")
 

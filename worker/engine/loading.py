@@ -68,8 +68,8 @@ class Policy:
         if lora:
             from peft import LoraConfig, get_peft_model
 
-            present = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
-            missing = [t for t in targets if t not in present]
+            names = [name for name, _ in model.named_modules()]
+            missing = [t for t in targets if not any(n == t or n.endswith("." + t) for n in names)]
             if missing:
                 raise EngineInputError(f"lora_targets: the model has no modules named {missing}",
                                        field="lora_targets")
@@ -81,6 +81,23 @@ class Policy:
             self.model = model
             self.frozen = copy.deepcopy(model).requires_grad_(False).eval()
         self.model.eval()
+
+    def restrict_training(self, module_suffixes: list[str]) -> None:
+        """Full mode: train only the named modules (RMU updates a few MLP projections)."""
+        keep = {n for n, _ in self.model.named_modules() if any(n.endswith(s) for s in module_suffixes)}
+        for name, parameter in self.model.named_parameters():
+            parameter.requires_grad_(name.rsplit(".", 1)[0] in keep)
+
+    def outputs(self, batch):
+        return self.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, output_hidden_states=True)
+
+    @torch.no_grad()
+    def reference_outputs(self, batch):
+        kwargs = dict(input_ids=batch.input_ids, attention_mask=batch.attention_mask, output_hidden_states=True)
+        if self.lora:
+            with self.model.disable_adapter():
+                return self.model(**kwargs)
+        return self.frozen(**kwargs)
 
     def trainable_parameters(self):
         return [p for p in self.model.parameters() if p.requires_grad]

@@ -151,3 +151,16 @@ PRESETS: dict[str, dict] = {
     "muse-news": dict(alternatives="teacher", k=2, delta=0.5, beta=5.0, rho=0.7, eta=0.5,
                       lambda_forget=0.5, alpha=0.55),
 }
+
+
+def params_for(method: str, values: dict | None = None, preset: str | None = None):
+    """The parameters of any method by name: MascParams (with presets) or BaselineParams."""
+    from worker.engine.baseline_params import BASELINES, BaselineParams
+
+    if method == "masc":
+        return MascParams.from_dict(values, preset=preset)
+    if method not in BASELINES:
+        raise EngineInputError(f"unknown method {method!r}; known: masc, {', '.join(BASELINES)}", field="method")
+    if preset is not None:
+        raise EngineInputError(f"presets are MASC's; method {method} takes its field defaults", field="preset")
+    return BaselineParams.from_dict(method, values)

@@ -40,6 +40,5 @@ def relearning_probe(model, tokenizer, forget: list[EncodedRecord], references: 
         optimiser.step()
         if step in budgets:
             points.append(measure(step))
-    del clone
     return {"value": points[-1]["rouge_l_recall"], "per_record": {}, "points": points, "lr": lr,
             "relearn_records": len(train), "measured_records": len(held)}

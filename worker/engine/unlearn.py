@@ -31,6 +31,32 @@ class UnlearnOutcome:
     tokenizer: object
 
 
+@dataclass
+class Prepared:
+    device: torch.device
+    memory: PeakMemory
+    started: float
+    model: object
+    tokenizer: object
+    forget: list[EncodedRecord]
+    retain: list[EncodedRecord]
+
+
+def prepare(model_source: str, forget: list[dict], retain: list[dict] | None, params, device) -> Prepared:
+    """What every method's run starts with: checked records, seeds, the device, the model, tokens."""
+    forget = normalise_records(forget, "forget")
+    retain = normalise_records(retain or [], "retain", allow_empty=True)
+    seed_everything(params.seed)
+    dev = resolve_device(device)
+    memory = PeakMemory(dev)
+    started = time.perf_counter()
+    model, tokenizer = load_model(model_source, dev)
+    max_length = context_length(model, tokenizer, params.max_length)
+    encode = lambda records, what: encode_records(records, tokenizer, max_length=max_length,  # noqa: E731
+                                                  seed=params.seed, what=what)
+    return Prepared(dev, memory, started, model, tokenizer, encode(forget, "forget"), encode(retain, "retain"))
+
+
 def split_validation(forget: list[EncodedRecord], params: MascParams) -> tuple[list, list, dict]:
     """D_val: a seeded holdout of the forget set, or the training forget set when it is too small."""
     n = len(forget)
@@ -52,21 +78,22 @@ def run_unlearning(model_source: str, forget: list[dict], retain: list[dict] | N
                    params: MascParams | None = None, method: str = "masc", device: str | None = None,
                    progress: Callable[[dict], None] | None = None,
                    should_cancel: Callable[[], bool] | None = None) -> UnlearnOutcome:
-    params = params or MascParams()
-    params.validate()
     if method not in METHODS:
         raise EngineInputError(f"unknown method {method!r}; known: {', '.join(METHODS)}", field="method")
-    forget = normalise_records(forget, "forget")
-    retain = normalise_records(retain or [], "retain", allow_empty=True)
-    seed_everything(params.seed)
-    dev = resolve_device(device)
-    memory = PeakMemory(dev)
-    started = time.perf_counter()
+    if method != "masc":  # the baselines run a fixed budget (worker.engine.budget)
+        from worker.engine.budget import run_budget
+        from worker.engine.params import params_for
 
-    model, tokenizer = load_model(model_source, dev)
-    max_length = context_length(model, tokenizer, params.max_length)
-    forget_enc = encode_records(forget, tokenizer, max_length=max_length, seed=params.seed, what="forget")
-    retain_enc = encode_records(retain, tokenizer, max_length=max_length, seed=params.seed, what="retain")
+        params = params if params is not None and not isinstance(params, MascParams) else params_for(method)
+        if params.method != method:
+            raise EngineInputError(f"parameters are for {params.method}, not {method}", field="method")
+        return run_budget(model_source, forget, retain, params=params, device=device, progress=progress,
+                          should_cancel=should_cancel)
+    params = params or MascParams()
+    params.validate()
+    run = prepare(model_source, forget, retain, params, device)
+    dev, memory, started, model, tokenizer = run.device, run.memory, run.started, run.model, run.tokenizer
+    forget_enc, retain_enc = run.forget, run.retain
     train_set, val_set, val_info = split_validation(forget_enc, params)
     policy = Policy(model, lora=params.lora, r=params.lora_r, alpha=params.lora_alpha,
                     dropout=params.lora_dropout, targets=params.lora_targets)

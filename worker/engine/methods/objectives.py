@@ -44,13 +44,15 @@ def simnpo(forget_logits, forget_labels, beta=4.5, delta=0.0) -> torch.Tensor:
     return (-(2 / beta) * F.logsigmoid(beta * (-sums / counts - delta))).mean()
 
 
+def masked_mse(a: torch.Tensor, b: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Mean squared error over hidden dimensions, averaged over the tokens the mask keeps."""
+    per_token = (a.float() - b.float()).pow(2).mean(-1)
+    return (per_token * mask).sum() / mask.sum()
+
+
 def rmu(forget_hidden, forget_mask, control, retain_hidden, ref_retain_hidden, retain_mask, alpha=100.0):
     """RMU: MSE of forget hidden states to c*u, plus alpha * MSE of retain hidden states to the
     reference's, both over the tokens the attention mask keeps (mean over tokens and dimensions)."""
-    def masked_mse(a, b, mask):
-        per_token = (a.float() - b.float()).pow(2).mean(-1)
-        return (per_token * mask).sum() / mask.sum()
-
     forget_term = masked_mse(forget_hidden, control.expand_as(forget_hidden), forget_mask)
     retain_term = masked_mse(retain_hidden, ref_retain_hidden.detach(), retain_mask)
     return forget_term + alpha * retain_term, forget_term, retain_term

@@ -1,0 +1,13 @@
+"""Gradient ascent: minimise -NLL_f (SPEC section 4)."""
+from worker.engine.methods import objectives as O
+
+
+class GradientAscent:
+    name = "ga"
+
+    def __init__(self, params, policy, pad_id: int):
+        self.params, self.policy, self.pad_id = params, policy, pad_id
+
+    def loss(self, forget, retain):
+        total = O.gradient_ascent(self.policy.logits(forget), forget.labels)
+        return total, {"forget": total.item(), "total": total.item()}

@@ -1,0 +1,32 @@
+"""NPO and NPO+KL (SPEC section 4): the NPO forget term against pi_ref, plus retain NLL (NPO) or
+KL(pi_ref || pi_theta) on retain tokens (NPO+KL)."""
+from worker.engine import margin as M
+from worker.engine.methods import objectives as O
+
+
+class NPO:
+    name = "npo"
+    retain_kl = False
+
+    def __init__(self, params, policy, pad_id: int):
+        self.params, self.policy, self.pad_id = params, policy, pad_id
+
+    def loss(self, forget, retain):
+        p = self.params
+        forget_term = O.npo(self.policy.logits(forget), self.policy.reference_logits(forget), forget.labels, p.beta)
+        total, parts = forget_term, {"forget": forget_term.item()}
+        if retain is not None:
+            z, y, _ = M.active_positions(self.policy.logits(retain), retain.labels)
+            if self.retain_kl:
+                z0, _, _ = M.active_positions(self.policy.reference_logits(retain), retain.labels)
+                retain_term = M.masked_kl(z0, z)
+            else:
+                retain_term = M.token_nll(z, y)
+            total = total + p.retain_weight * retain_term
+            parts["retain"] = retain_term.item()
+        return total, {**parts, "total": total.item()}
+
+
+class NPOKL(NPO):
+    name = "npo_kl"
+    retain_kl = True

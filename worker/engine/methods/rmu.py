@@ -1,0 +1,51 @@
+"""RMU (SPEC section 4): at layer l push forget hidden states toward c * u (u a fixed random unit vector),
+keep retain hidden states at the reference's; only the MLP output projections of layers l-2..l learn."""
+from __future__ import annotations
+
+import torch
+
+from worker.engine.methods import objectives as O
+
+
+def rmu_layer(num_layers: int, requested: int) -> int:
+    """The layer whose output is steered: as requested, else about a quarter of the depth."""
+    if requested >= num_layers:
+        from worker.engine.errors import EngineInputError
+        raise EngineInputError(f"rmu_layer={requested}: the model has {num_layers} layers", field="rmu_layer")
+    return requested if requested >= 0 else min(num_layers - 1, num_layers // 4)
+
+
+def trainable_modules(model_config, params) -> list[str]:
+    """The module names (suffixes) RMU updates: mlp.down_proj of layers l-2..l."""
+    layer = rmu_layer(model_config.num_hidden_layers, params.rmu_layer)
+    return [f"layers.{i}.mlp.down_proj" for i in range(max(0, layer - 2), layer + 1)]
+
+
+class RMU:
+    name = "rmu"
+
+    def __init__(self, params, policy, pad_id: int):
+        self.params, self.policy, self.pad_id = params, policy, pad_id
+        config = policy.model.config
+        self.layer = rmu_layer(config.num_hidden_layers, params.rmu_layer)
+        generator = torch.Generator().manual_seed(params.seed)
+        u = torch.rand(config.hidden_size, generator=generator)
+        device = next(policy.model.parameters()).device
+        self.control = (params.rmu_c * u / u.norm()).to(device)
+
+    def _hidden(self, batch, reference: bool = False):
+        # hidden_states[0] is the embedding output, so layer l's output is index l + 1.
+        outputs = self.policy.reference_outputs(batch) if reference else self.policy.outputs(batch)
+        return outputs.hidden_states[self.layer + 1]
+
+    def loss(self, forget, retain):
+        p = self.params
+        forget_hidden = self._hidden(forget)
+        if retain is None:
+            forget_term = O.masked_mse(forget_hidden, self.control.expand_as(forget_hidden),
+                                       forget.attention_mask.float())
+            return forget_term, {"forget": forget_term.item(), "total": forget_term.item()}
+        total, forget_term, retain_term = O.rmu(
+            forget_hidden, forget.attention_mask.float(), self.control, self._hidden(retain),
+            self._hidden(retain, reference=True), retain.attention_mask.float(), p.retain_weight)
+        return total, {"forget": forget_term.item(), "retain": retain_term.item(), "total": total.item()}
