@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install run demo test bench-engine bench-service bench-audit clean
+.PHONY: install run demo test bench bench-engine bench-service bench-audit clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -28,6 +28,10 @@ test: $(STAMP)
 	# The report test renders pages in Debian's headless Chromium.
 	command -v chromium >/dev/null || (apt-get update -qq && apt-get install -y -qq chromium)
 	$(PY) -m pytest -q
+
+# MASC and every baseline side by side on mini-TOFU (builds and caches two fixtures first: minutes).
+bench: $(STAMP)
+	$(PY) -m bench.bench_methods
 
 bench-engine: $(STAMP)
 	$(PY) -m bench.bench_engine

@@ -43,5 +43,6 @@ def fixture(name: str = "full", log=print) -> Path:
     out = CACHE / f"mini-tofu-{name}"
     if not (out / "lethe_fixture.json").exists():
         log(f"building the mini-TOFU {name!r} fixture in {out} (minutes; cached afterwards)")
-        build_fixture(tofu_records(authors), out, MINI_TOFU, log=log)
+        # One tokenizer for both fixtures (trained on all 400 QA), so that their token ids agree.
+        build_fixture(tofu_records(authors), out, MINI_TOFU, log=log, tokenizer_records=tofu_records(range(180, 200)))
     return out

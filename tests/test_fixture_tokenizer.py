@@ -17,3 +17,13 @@ def test_trained_and_reloaded_tokenizers_agree(tmp_path, forget_records):
     for text in TEXTS + [r["completion"] for r in forget_records]:
         assert trained(text)["input_ids"] == reloaded(text)["input_ids"], text
         assert reloaded.decode(reloaded(text)["input_ids"]) == text
+
+
+def test_fixtures_built_for_comparison_share_one_tokenizer(tmp_path, forget_records, retain_records):
+    every = forget_records + retain_records
+    cfg = FixtureConfig(epochs=1, vocab_size=400, hidden_size=32, layers=1, heads=2)
+    build_fixture(every, tmp_path / "full", cfg, log=lambda _: None)
+    build_fixture(retain_records, tmp_path / "reference", cfg, log=lambda _: None, tokenizer_records=every)
+    build_fixture(retain_records, tmp_path / "alone", cfg, log=lambda _: None)
+    vocab = {name: AutoTokenizer.from_pretrained(tmp_path / name).get_vocab() for name in ("full", "reference", "alone")}
+    assert vocab["full"] == vocab["reference"] != vocab["alone"]

@@ -79,8 +79,10 @@ def run_audit(base_source: str, new_model, tokenizer, forget: list[dict], retain
     reference = None
     if reference_source:
         t0 = time.perf_counter()
-        ref_model, _ = load_model(reference_source, device)
-        reference = evaluate(ref_model, tokenizer, sets[0], None, sets[2])
+        # The reference is measured through its own tokenizer (a retrain may not share the model's).
+        ref_model, ref_tokenizer = load_model(reference_source, device)
+        ref_forget, _, ref_holdout = _sets(ref_tokenizer, ref_model, forget, [], holdout, seed)
+        reference = evaluate(ref_model, ref_tokenizer, ref_forget, None, ref_holdout)
         del ref_model
         timings["reference"] = time.perf_counter() - t0
     report["forget_quality"] = _forget_quality(before, after, reference)

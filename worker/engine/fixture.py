@@ -64,13 +64,16 @@ def build_model(tokenizer, cfg: FixtureConfig) -> Qwen2ForCausalLM:
 
 
 def build_fixture(records: list[dict], out: str | Path, cfg: FixtureConfig | None = None,
-                  log=print) -> dict:
-    """Train tokenizer and model on the records, save both to `out`; returns the fixture's summary."""
+                  log=print, tokenizer_records: list[dict] | None = None) -> dict:
+    """Train tokenizer and model on the records, save both to `out`; returns the fixture's summary.
+    `tokenizer_records` (a superset) gives fixtures meant to be compared, such as a model and its
+    retrain reference, one shared tokenizer."""
     cfg = cfg or FixtureConfig()
     records = normalise_records(records, "fixture")
     seed_everything(cfg.seed)
     started = time.perf_counter()
-    tokenizer = train_tokenizer(records, cfg.vocab_size)
+    tokenizer = train_tokenizer(normalise_records(tokenizer_records, "tokenizer") if tokenizer_records else records,
+                                cfg.vocab_size)
     model = build_model(tokenizer, cfg)
     encoded = encode_records(records, tokenizer, max_length=cfg.context, seed=cfg.seed, what="fixture")
     optimiser = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)

@@ -1,0 +1,125 @@
+"""`make bench`: MASC and every baseline on mini-TOFU (forget = authors 198-199), side by side: wall
+time, steps, peak memory, verbatim and knowledge memorisation, truth ratio, forget quality against the
+"retain" reference fixture, model utility. Writes bench/results/methods.json, bench/results/methods.svg
+and the table in BENCHMARKS.md. Nothing is asserted."""
+from __future__ import annotations
+
+import gc
+import json
+import math
+import platform
+import re
+import sys
+from pathlib import Path
+
+import torch
+
+from bench.mini_tofu import ROOT, fixture, splits
+from worker.engine.audit import RecordSet, evaluate
+from worker.engine.loading import context_length, load_model
+from worker.engine.metrics.stats import ks_p_value
+from worker.engine.params import params_for
+from worker.engine.runtime import library_versions
+from worker.engine.unlearn import run_unlearning
+
+MASC_PRESET = "tofu-llama2"
+METHODS = ["masc", "ga", "graddiff", "npo", "npo_kl", "simnpo", "rmu"]
+RESULTS = ROOT / "bench" / "results"
+MARK = ("<!-- bench-methods:start -->", "<!-- bench-methods:end -->")
+
+
+def measure(model, tokenizer, sets, reference_tr: list[float]) -> dict:
+    after = evaluate(model, tokenizer, sets["forget"], sets["retain"], None)
+    tr = list(after["forget_truth_ratio_raw"].values())
+    return {"forget_exact_match": after["forget_verbatim"]["exact_match"]["value"],
+            "forget_rouge_l": after["forget_verbatim"]["rouge_l_recall"]["value"],
+            "paraphrased_rouge_l": after["forget_knowledge"]["rouge_l_recall"]["value"],
+            "forget_truth_ratio": after["forget_truth_ratio"]["value"],
+            "forget_quality": ks_p_value(tr, reference_tr), "model_utility": after["retain_utility"]["model_utility"]["value"]}
+
+
+def main() -> None:
+    log = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
+    torch.manual_seed(0)
+    full, reference = fixture("full", log=log), fixture("retain", log=log)
+    data = splits()
+    base, tokenizer = load_model(full, torch.device("cpu"))
+    max_length = context_length(base, tokenizer)
+    sets = {"forget": RecordSet(data["forget"], tokenizer, max_length, 0, "forget"),
+            "retain": RecordSet(data["retain"][:100], tokenizer, max_length, 0, "retain")}
+    ref_model, ref_tokenizer = load_model(reference, torch.device("cpu"))
+    assert ref_tokenizer.get_vocab() == tokenizer.get_vocab(), "the two fixtures must share one tokenizer"
+    ref_tr = list(evaluate(ref_model, tokenizer, sets["forget"], None, None)["forget_truth_ratio_raw"].values())
+    rows = [{"method": "retain reference (never saw the forget set)", **measure(ref_model, tokenizer, sets, ref_tr)},
+            {"method": "base (before unlearning)", **measure(base, tokenizer, sets, ref_tr)}]
+    del ref_model, base
+    for method in METHODS:
+        log(f"running {method}")
+        params = params_for(method, {"max_steps": 2000} if method == "masc" else {},
+                            preset=MASC_PRESET if method == "masc" else None)
+        outcome = run_unlearning(str(full), data["forget"], data["retain"], method=method, params=params, device="cpu")
+        r = outcome.result
+        rows.append({"method": f"{method} ({MASC_PRESET})" if method == "masc" else method,
+                     "stop_reason": r["stop_reason"], "steps": r["steps"], "wall_seconds": round(r["wall_seconds"], 1),
+                     "peak_rss_mib": round(r["peak_memory"]["bytes"] / 2**20, 1),
+                     **measure(outcome.model, tokenizer, sets, ref_tr)})
+        del outcome
+        gc.collect()
+    report = {"command": "make bench", "machine": f"{platform.machine()}, {torch.get_num_threads()} threads, CPU",
+              "versions": library_versions(), "forget": "authors 198-199 (40 QA)",
+              "retain_measured": "100 QA of authors 180-197", "rows": rows}
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / "methods.json").write_text(json.dumps(report, indent=2) + "\n")
+    (RESULTS / "methods.svg").write_text(scatter(rows))
+    write_benchmarks(report)
+    print(table(rows))
+
+
+def table(rows: list[dict]) -> str:
+    def f(v, digits=3):
+        return "" if v is None else (f"{v:.{digits}g}" if isinstance(v, float) else str(v))
+    lines = ["| method | stop | steps | wall s | peak RSS MiB | forget EM | forget ROUGE-L | paraphrased ROUGE-L "
+             "| forget TR score | forget quality (KS p) | model utility |", "|" + " --- |" * 11]
+    for r in rows:
+        lines.append(f"| {r['method']} | {r.get('stop_reason', '')} | {f(r.get('steps'))} | {f(r.get('wall_seconds'))} "
+                     f"| {f(r.get('peak_rss_mib'))} | {f(r['forget_exact_match'])} | {f(r['forget_rouge_l'])} "
+                     f"| {f(r['paraphrased_rouge_l'])} | {f(r['forget_truth_ratio'])} | {f(r['forget_quality'])} "
+                     f"| {f(r['model_utility'])} |")
+    return "\n".join(lines)
+
+
+def scatter(rows: list[dict]) -> str:
+    """Forget quality (log10 of the KS p-value) against model utility, labelled with wall time."""
+    w, h, pad = 640, 420, 60
+    xs = [math.log10(max(r["forget_quality"], 1e-30)) for r in rows]
+    ys = [r["model_utility"] for r in rows]
+    x0, x1, y0, y1 = min(xs) - 0.5, max(xs) + 0.5, min(ys) - 0.05, max(ys) + 0.05
+    sx = lambda x: pad + (x - x0) / (x1 - x0) * (w - 2 * pad)  # noqa: E731
+    sy = lambda y: h - pad - (y - y0) / (y1 - y0) * (h - 2 * pad)  # noqa: E731
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif">',
+             f'<rect width="{w}" height="{h}" fill="white"/>',
+             f'<text x="{w / 2}" y="20" text-anchor="middle" font-size="14">mini-TOFU: forget quality vs model utility</text>',
+             f'<line x1="{pad}" y1="{h - pad}" x2="{w - pad}" y2="{h - pad}" stroke="#444"/>',
+             f'<line x1="{pad}" y1="{pad}" x2="{pad}" y2="{h - pad}" stroke="#444"/>',
+             f'<text x="{w / 2}" y="{h - 18}" text-anchor="middle" font-size="12">log10 forget quality (KS p-value; '
+             f'higher = closer to the retrain reference)</text>',
+             f'<text x="16" y="{h / 2}" font-size="12" transform="rotate(-90 16 {h / 2})" text-anchor="middle">model utility</text>']
+    for r, x, y in zip(rows, xs, ys):
+        label = r["method"].split(" (")[0] + (f" ({r['wall_seconds']} s)" if "wall_seconds" in r else "")
+        parts.append(f'<circle cx="{sx(x):.1f}" cy="{sy(y):.1f}" r="4" fill="#1f77b4"/>'
+                     f'<text x="{sx(x) + 6:.1f}" y="{sy(y) - 6:.1f}" font-size="11">{label}</text>')
+    return "".join(parts) + "</svg>\n"
+
+
+def write_benchmarks(report: dict) -> None:
+    path = ROOT / "BENCHMARKS.md"
+    text = path.read_text()
+    block = (f"{MARK[0]}\n## Methods side by side: `make bench`\n\nmini-TOFU, forget = {report['forget']}, utility on "
+             f"{report['retain_measured']}, forget quality against the \"retain\" fixture; {report['machine']}. "
+             f"Plot: `bench/results/methods.svg`.\n\n{table(report['rows'])}\n{MARK[1]}")
+    pattern = re.compile(re.escape(MARK[0]) + ".*?" + re.escape(MARK[1]), re.S)
+    path.write_text(pattern.sub(block, text) if pattern.search(text) else text.rstrip() + "\n\n" + block + "\n")
+
+
+if __name__ == "__main__":
+    main()
