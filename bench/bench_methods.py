@@ -104,10 +104,17 @@ def scatter(rows: list[dict]) -> str:
              f'<text x="{w / 2}" y="{h - 18}" text-anchor="middle" font-size="12">log10 forget quality (KS p-value; '
              f'higher = closer to the retrain reference)</text>',
              f'<text x="16" y="{h / 2}" font-size="12" transform="rotate(-90 16 {h / 2})" text-anchor="middle">model utility</text>']
+    parts += [f'<text x="{pad}" y="{h - pad + 14}" font-size="10">{x0:.1f}</text>',
+              f'<text x="{w - pad}" y="{h - pad + 14}" font-size="10" text-anchor="end">{x1:.1f}</text>',
+              f'<text x="{pad - 4}" y="{h - pad}" font-size="10" text-anchor="end">{y0:.2f}</text>',
+              f'<text x="{pad - 4}" y="{pad + 4}" font-size="10" text-anchor="end">{y1:.2f}</text>']
+    placed: dict[tuple, int] = {}  # points that coincide get their labels stacked
     for r, x, y in zip(rows, xs, ys):
         label = r["method"].split(" (")[0] + (f" ({r['wall_seconds']} s)" if "wall_seconds" in r else "")
+        spot = (round(sx(x) / 12), round(sy(y) / 12))
+        nth = placed[spot] = placed.get(spot, -1) + 1
         parts.append(f'<circle cx="{sx(x):.1f}" cy="{sy(y):.1f}" r="4" fill="#1f77b4"/>'
-                     f'<text x="{sx(x) + 6:.1f}" y="{sy(y) - 6:.1f}" font-size="11">{label}</text>')
+                     f'<text x="{sx(x) + 6:.1f}" y="{sy(y) - 6 + 13 * nth:.1f}" font-size="11">{label}</text>')
     return "".join(parts) + "</svg>\n"
 
 
