@@ -9,7 +9,51 @@ from worker.engine.errors import EngineInputError
 
 
 @dataclass
-class MascParams:
+class SharedParams:
+    """What every method has: the parameter space (LoRA or full), batching, lengths, the seed."""
+    batch_size: int = 4
+    grad_clip: float = 1.0
+    lora: bool = True
+    lora_r: int = 16
+    lora_alpha: int = 32
+    lora_dropout: float = 0.0
+    lora_targets: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
+    max_length: int = 0  # 0: the model's context length
+    eval_batch_size: int = 16
+    seed: int = 0
+
+    @classmethod
+    def _build(cls, merged: dict):
+        """Coerce and check `merged` (name -> value); unknown names raise, naming the parameter."""
+        known = {f.name: f for f in fields(cls)}
+        for name in merged:
+            if name not in known:
+                raise EngineInputError(f"unknown parameter {name!r}", field=name)
+        params = cls(**{name: _coerce(known[name], value) for name, value in merged.items()})
+        params.validate()
+        return params
+
+    def need(self, ok: bool, name: str, rule: str) -> None:
+        if not ok:
+            raise EngineInputError(f"parameter {name}={getattr(self, name)!r}: {rule}", field=name)
+
+    def validate(self) -> None:
+        need = self.need
+        need(self.batch_size >= 1, "batch_size", "must be >= 1")
+        need(self.eval_batch_size >= 1, "eval_batch_size", "must be >= 1")
+        need(self.grad_clip >= 0, "grad_clip", "must be >= 0 (0: no clipping)")
+        need(self.lora_r >= 1, "lora_r", "must be >= 1")
+        need(self.lora_alpha > 0, "lora_alpha", "must be > 0")
+        need(0 <= self.lora_dropout < 1, "lora_dropout", "must lie in [0, 1)")
+        need(len(self.lora_targets) > 0, "lora_targets", "must name at least one module")
+        need(self.max_length >= 0, "max_length", "must be >= 0")
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+@dataclass
+class MascParams(SharedParams):
     # The objective (SPEC section 3).
     alternatives: str = "self"  # "self" or "teacher"
     k: int = 10
@@ -31,19 +75,9 @@ class MascParams:
     hoeffding: bool = False
     hoeffding_delta: float = 0.05
     max_steps: int = 500
-    # Optimisation.
+    # Optimisation (constant lr: the stop rule, not a schedule, decides the length).
     lr: float = 1e-4
-    batch_size: int = 4
     weight_decay: float = 0.0
-    grad_clip: float = 1.0
-    lora: bool = True
-    lora_r: int = 16
-    lora_alpha: int = 32
-    lora_dropout: float = 0.0
-    lora_targets: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
-    max_length: int = 0  # 0: the model's context length
-    eval_batch_size: int = 16
-    seed: int = 0
 
     @classmethod
     def from_dict(cls, values: dict | None = None, preset: str | None = None) -> "MascParams":
@@ -55,20 +89,12 @@ class MascParams:
                     f"unknown preset {preset!r}; known presets: {', '.join(sorted(PRESETS))}",
                     field="preset")
             merged.update(PRESETS[preset])
-        known = {f.name: f for f in fields(cls)}
-        for name, value in (values or {}).items():
-            if name not in known:
-                raise EngineInputError(f"unknown parameter {name!r}", field=name)
-            merged[name] = value
-        params = cls(**{name: _coerce(known[name], value) for name, value in merged.items()})
-        params.validate()
-        return params
+        merged.update(values or {})
+        return cls._build(merged)
 
     def validate(self) -> None:
-        def need(ok: bool, name: str, rule: str) -> None:
-            if not ok:
-                raise EngineInputError(f"parameter {name}={getattr(self, name)!r}: {rule}", field=name)
-
+        super().validate()
+        need = self.need
         need(0 < self.alpha < 1, "alpha", "must lie in (0, 1)")
         need(0 < self.rho < 1, "rho", "must lie in (0, 1)")
         need(self.k >= 1, "k", "must be >= 1")
@@ -88,22 +114,11 @@ class MascParams:
         need(0 < self.hoeffding_delta < 1, "hoeffding_delta", "must lie in (0, 1)")
         need(self.max_steps >= 1, "max_steps", "must be >= 1")
         need(self.lr > 0 and math.isfinite(self.lr), "lr", "must be > 0")
-        need(self.batch_size >= 1, "batch_size", "must be >= 1")
-        need(self.eval_batch_size >= 1, "eval_batch_size", "must be >= 1")
         need(self.weight_decay >= 0, "weight_decay", "must be >= 0")
-        need(self.grad_clip >= 0, "grad_clip", "must be >= 0 (0: no clipping)")
-        need(self.lora_r >= 1, "lora_r", "must be >= 1")
-        need(self.lora_alpha > 0, "lora_alpha", "must be > 0")
-        need(0 <= self.lora_dropout < 1, "lora_dropout", "must lie in [0, 1)")
-        need(len(self.lora_targets) > 0, "lora_targets", "must name at least one module")
-        need(self.max_length >= 0, "max_length", "must be >= 0")
 
     @property
     def tau(self) -> float:
         return math.log(self.rho / (1 - self.rho))
-
-    def as_dict(self) -> dict:
-        return dataclasses.asdict(self)
 
 
 def _coerce(spec: dataclasses.Field, value):
