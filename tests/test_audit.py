@@ -72,3 +72,24 @@ def test_forget_quality_against_a_reference(fixture_model, forget_records, retai
     assert "quantization" not in report and "relearning" not in report  # switched off
     generated = report["after"]["forget_verbatim"]["generated"]  # examples were asked for
     assert generated[forget_records[0]["id"]].strip() == forget_records[0]["completion"]
+
+
+def test_a_reference_with_its_own_tokenizer_is_measured_through_it(fixture_model, forget_records, retain_records,
+                                                                   tmp_path):
+    from worker.engine.fixture import FixtureConfig, build_fixture
+
+    # A "retrain" on the retain records alone, with a tokenizer of its own (other token ids).
+    build_fixture(retain_records, tmp_path / "reference",
+                  FixtureConfig(epochs=30, vocab_size=450, hidden_size=64, layers=2, heads=4), log=lambda _: None)
+    model, tokenizer = load_model(fixture_model, torch.device("cpu"))
+    _, ref_tokenizer = load_model(tmp_path / "reference", torch.device("cpu"))
+    assert ref_tokenizer.get_vocab() != tokenizer.get_vocab()
+    report = run_audit(str(fixture_model), model, tokenizer, forget_records, retain_records, retain_records[:8],
+                       options={"relearn": False, "quantization": False},
+                       reference_source=str(tmp_path / "reference"))
+    # The memorising model and a model that never saw the forget set differ: a small KS p-value.
+    assert 0 <= report["forget_quality"]["value"] < 0.5
+    leak = report["privleak"]["loss"]
+    assert leak["reference"] == "retrain reference"
+    # The holdout here is the reference's own training data, so its AUC is 0: PrivLeak is undefined, said so.
+    assert leak["reference_auc"] == 0 and leak["value"] is None and "undefined" in leak["reason"]

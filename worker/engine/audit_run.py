@@ -113,6 +113,9 @@ def _privleak(after: dict, reference: dict | None, has_holdout: bool) -> dict:
     for attack in ATTACKS:
         auc = after["membership"][attack]["value"]
         ref_auc = reference["membership"][attack]["value"] if reference else 0.5
-        out[attack] = {"value": privleak(auc, ref_auc), "per_record": {}, "auc": auc, "reference_auc": ref_auc,
+        out[attack] = {"value": privleak(auc, ref_auc) if ref_auc > 0 else None, "per_record": {}, "auc": auc,
+                       "reference_auc": ref_auc,
                        "reference": "retrain reference" if reference else "0.5 (no retrain reference registered)"}
+        if ref_auc == 0:
+            out[attack]["reason"] = "the reference's AUC is 0, so PrivLeak (relative to it) is undefined"
     return out
