@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install run demo test bench bench-engine bench-service bench-audit clean
+.PHONY: install run demo test bench bench-sequential bench-engine bench-service bench-audit clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -32,6 +32,10 @@ test: $(STAMP)
 # MASC and every baseline side by side on mini-TOFU (builds and caches two fixtures first: minutes).
 bench: $(STAMP)
 	$(PY) -m bench.bench_methods
+
+# Ten deletion requests in a row through the embedded service, each on the last one's version.
+bench-sequential: $(STAMP)
+	$(PY) -m bench.bench_sequential
 
 bench-engine: $(STAMP)
 	$(PY) -m bench.bench_engine
