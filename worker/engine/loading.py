@@ -93,11 +93,7 @@ class Policy:
 
     @torch.no_grad()
     def reference_outputs(self, batch):
-        kwargs = dict(input_ids=batch.input_ids, attention_mask=batch.attention_mask, output_hidden_states=True)
-        if self.lora:
-            with self.model.disable_adapter():
-                return self.model(**kwargs)
-        return self.frozen(**kwargs)
+        return self._reference(batch, output_hidden_states=True)
 
     def trainable_parameters(self):
         return [p for p in self.model.parameters() if p.requires_grad]
@@ -108,10 +104,15 @@ class Policy:
     @torch.no_grad()
     def reference_logits(self, batch) -> torch.Tensor:
         """pi_0's logits on a batch."""
+        return self._reference(batch).logits
+
+    def _reference(self, batch, **kwargs):
+        """pi_0's forward pass: adapters disabled (LoRA) or the frozen copy (full)."""
+        kwargs.update(input_ids=batch.input_ids, attention_mask=batch.attention_mask)
         if self.lora:
             with self.model.disable_adapter():
-                return self.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
-        return self.frozen(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
+                return self.model(**kwargs)
+        return self.frozen(**kwargs)
 
     def merged(self):
         """The plain transformers model with any LoRA update merged in (the policy is spent after)."""

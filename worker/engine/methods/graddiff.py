@@ -1,5 +1,4 @@
 """GradDiff: -gamma NLL_f + alpha NLL_r (SPEC section 4; gamma = forget_weight, alpha = retain_weight)."""
-from worker.engine.margin import active_positions, token_nll
 from worker.engine.methods import objectives as O
 
 
@@ -12,10 +11,5 @@ class GradDiff:
     def loss(self, forget, retain):
         p = self.params
         forget_term = O.gradient_ascent(self.policy.logits(forget), forget.labels)
-        total = p.forget_weight * forget_term
-        parts = {"forget": forget_term.item()}
-        if retain is not None:
-            retain_term = token_nll(*active_positions(self.policy.logits(retain), retain.labels)[:2])
-            total = total + p.retain_weight * retain_term
-            parts["retain"] = retain_term.item()
-        return total, {**parts, "total": total.item()}
+        retain_term = O.retain_nll(self.policy.logits(retain), retain.labels) if retain is not None else None
+        return O.weighted(forget_term, p.forget_weight, retain_term, p.retain_weight)

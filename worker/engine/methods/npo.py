@@ -14,17 +14,15 @@ class NPO:
     def loss(self, forget, retain):
         p = self.params
         forget_term = O.npo(self.policy.logits(forget), self.policy.reference_logits(forget), forget.labels, p.beta)
-        total, parts = forget_term, {"forget": forget_term.item()}
+        retain_term = None
         if retain is not None:
-            z, y, _ = M.active_positions(self.policy.logits(retain), retain.labels)
             if self.retain_kl:
+                z, _, _ = M.active_positions(self.policy.logits(retain), retain.labels)
                 z0, _, _ = M.active_positions(self.policy.reference_logits(retain), retain.labels)
                 retain_term = M.masked_kl(z0, z)
             else:
-                retain_term = M.token_nll(z, y)
-            total = total + p.retain_weight * retain_term
-            parts["retain"] = retain_term.item()
-        return total, {**parts, "total": total.item()}
+                retain_term = O.retain_nll(self.policy.logits(retain), retain.labels)
+        return O.weighted(forget_term, 1.0, retain_term, p.retain_weight)
 
 
 class NPOKL(NPO):

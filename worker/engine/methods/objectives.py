@@ -19,6 +19,20 @@ def sequence_logprobs(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch
     return sums, counts
 
 
+def weighted(forget_term: torch.Tensor, forget_weight: float, retain_term: torch.Tensor | None,
+             retain_weight: float) -> tuple[torch.Tensor, dict]:
+    """forget_weight * L_f (+ retain_weight * L_r), and the parts as plain numbers for the trace."""
+    total, parts = forget_weight * forget_term, {"forget": forget_term.item()}
+    if retain_term is not None:
+        total = total + retain_weight * retain_term
+        parts["retain"] = retain_term.item()
+    return total, {**parts, "total": total.item()}
+
+
+def retain_nll(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    return token_nll(*active_positions(logits, labels)[:2])
+
+
 def gradient_ascent(forget_logits, forget_labels) -> torch.Tensor:
     """GA: minimise -NLL_f."""
     return -token_nll(*active_positions(forget_logits, forget_labels)[:2])
@@ -26,8 +40,7 @@ def gradient_ascent(forget_logits, forget_labels) -> torch.Tensor:
 
 def grad_diff(forget_logits, forget_labels, retain_logits, retain_labels, gamma=1.0, alpha=1.0) -> torch.Tensor:
     """GradDiff: -gamma NLL_f + alpha NLL_r."""
-    return gamma * gradient_ascent(forget_logits, forget_labels) + \
-        alpha * token_nll(*active_positions(retain_logits, retain_labels)[:2])
+    return gamma * gradient_ascent(forget_logits, forget_labels) + alpha * retain_nll(retain_logits, retain_labels)
 
 
 def npo(forget_logits, ref_forget_logits, forget_labels, beta=0.1) -> torch.Tensor:

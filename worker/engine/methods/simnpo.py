@@ -1,5 +1,4 @@
 """SimNPO (SPEC section 4): the reference-free, length-normalised NPO term, weighted, plus retain NLL."""
-from worker.engine.margin import active_positions, token_nll
 from worker.engine.methods import objectives as O
 
 
@@ -12,9 +11,5 @@ class SimNPO:
     def loss(self, forget, retain):
         p = self.params
         forget_term = O.simnpo(self.policy.logits(forget), forget.labels, p.beta, p.delta)
-        total, parts = p.forget_weight * forget_term, {"forget": forget_term.item()}
-        if retain is not None:
-            retain_term = token_nll(*active_positions(self.policy.logits(retain), retain.labels)[:2])
-            total = total + p.retain_weight * retain_term
-            parts["retain"] = retain_term.item()
-        return total, {**parts, "total": total.item()}
+        retain_term = O.retain_nll(self.policy.logits(retain), retain.labels) if retain is not None else None
+        return O.weighted(forget_term, p.forget_weight, retain_term, p.retain_weight)
