@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install run demo test bench bench-sequential bench-engine bench-service bench-audit clean
+.PHONY: install run demo test bench bench-sequential bench-engine bench-service bench-audit bench-mcu clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -42,6 +42,10 @@ bench-engine: $(STAMP)
 
 bench-audit: $(STAMP)
 	$(PY) -m bench.bench_audit
+
+# Mode connectivity: the cost of a curve against the unlearning's, and barriers along ten requests.
+bench-mcu: $(STAMP)
+	$(PY) -m bench.bench_mcu
 
 bench-service: $(STAMP)
 	command -v wrk >/dev/null || (apt-get update -qq && apt-get install -y -qq wrk)

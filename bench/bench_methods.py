@@ -8,13 +8,12 @@ import gc
 import json
 import math
 import platform
-import re
 import sys
 from pathlib import Path
 
 import torch
 
-from bench.mini_tofu import ROOT, fixture, splits
+from bench.mini_tofu import ROOT, update_benchmarks, fixture, splits
 from worker.engine.audit import RecordSet, evaluate
 from worker.engine.loading import context_length, load_model
 from worker.engine.metrics.stats import ks_p_value
@@ -25,7 +24,6 @@ from worker.engine.unlearn import run_unlearning
 MASC_PRESET = "tofu-llama2"
 METHODS = ["masc", "ga", "graddiff", "npo", "npo_kl", "simnpo", "rmu"]
 RESULTS = ROOT / "bench" / "results"
-MARK = ("<!-- bench-methods:start -->", "<!-- bench-methods:end -->")
 
 
 def measure(model, tokenizer, sets, reference_tr: list[float]) -> dict:
@@ -119,13 +117,9 @@ def scatter(rows: list[dict]) -> str:
 
 
 def write_benchmarks(report: dict) -> None:
-    path = ROOT / "BENCHMARKS.md"
-    text = path.read_text()
-    block = (f"{MARK[0]}\n## Methods side by side: `make bench`\n\nmini-TOFU, forget = {report['forget']}, utility on "
+    update_benchmarks("methods", f"## Methods side by side: `make bench`\n\nmini-TOFU, forget = {report['forget']}, utility on "
              f"{report['retain_measured']}, forget quality against the \"retain\" fixture; {report['machine']}. "
-             f"Plot: `bench/results/methods.svg`.\n\n{table(report['rows'])}\n{MARK[1]}")
-    pattern = re.compile(re.escape(MARK[0]) + ".*?" + re.escape(MARK[1]), re.S)
-    path.write_text(pattern.sub(block, text) if pattern.search(text) else text.rstrip() + "\n\n" + block + "\n")
+             f"Plot: `bench/results/methods.svg`.\n\n{table(report['rows'])}")
 
 
 if __name__ == "__main__":

@@ -46,3 +46,15 @@ def fixture(name: str = "full", log=print) -> Path:
         # One tokenizer for both fixtures (trained on all 400 QA), so that their token ids agree.
         build_fixture(tofu_records(authors), out, MINI_TOFU, log=log, tokenizer_records=tofu_records(range(180, 200)))
     return out
+
+
+def update_benchmarks(name: str, body: str) -> None:
+    """Replace (or append) the block of BENCHMARKS.md between this benchmark's markers."""
+    import re
+
+    start, end = f"<!-- bench-{name}:start -->", f"<!-- bench-{name}:end -->"
+    path = ROOT / "BENCHMARKS.md"
+    text = path.read_text()
+    block = f"{start}\n{body}\n{end}"
+    pattern = re.compile(re.escape(start) + ".*?" + re.escape(end), re.S)
+    path.write_text(pattern.sub(lambda _: block, text) if pattern.search(text) else text.rstrip() + "\n\n" + block + "\n")

@@ -36,7 +36,7 @@ def job_view(job: Job) -> dict:
     progress = dict(job.progress or {})
     progress["heartbeat_at"] = job.heartbeat_at
     return {
-        "id": job.id, "state": job.state, "request_id": job.request_id, "model_id": job.model_id,
+        "id": job.id, "kind": job.kind, "state": job.state, "request_id": job.request_id, "model_id": job.model_id,
         "base_version": job.base_version, "method": job.method, "progress": progress, "attempt": job.attempt,
         "created_at": job.created_at, "started_at": job.started_at, "ended_at": job.ended_at,
         "error": job.error, "result": job.result,

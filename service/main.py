@@ -9,7 +9,7 @@ from fastapi import FastAPI
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from service import problems
-from service.api import audit, jobs, models, ops
+from service.api import audit, connectivity, jobs, models, ops
 from service.auth import ensure_admin_key
 from service.db import session_scope
 from service.problems import Problem, problem_response
@@ -88,6 +88,7 @@ def create_app() -> FastAPI:
     app.include_router(ops.router)
     app.include_router(models.router)
     app.include_router(jobs.router)
+    app.include_router(connectivity.router)
     app.include_router(audit.router)
 
     app.add_middleware(BodyLimit, limit=get_settings().max_body_bytes)

@@ -1,4 +1,5 @@
-"""Database tables: API keys, models and their versions, unlearning jobs, idempotency records."""
+"""Database tables: API keys, models and their versions, jobs (unlearning and connectivity),
+idempotency records, retrain references, the audit log, connectivity results."""
 from __future__ import annotations
 
 import uuid
@@ -84,6 +85,7 @@ class Job(Base):
     __tablename__ = "jobs"
     id: Mapped[str] = mapped_column(String(40), primary_key=True, default=lambda: new_id("job"))
     tenant: Mapped[str] = mapped_column(String(128), index=True)
+    kind: Mapped[str] = mapped_column(String(16), default="unlearning", server_default="unlearning")
     model_id: Mapped[str] = mapped_column(ForeignKey("models.id"), index=True)
     base_version: Mapped[int] = mapped_column(Integer)
     request_id: Mapped[str] = mapped_column(String(256))
@@ -109,6 +111,8 @@ class Job(Base):
     ended_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow, onupdate=utcnow)
     audit_options: Mapped[dict | None] = mapped_column(JSON, nullable=True)
+    # Mode connectivity: {"against": [version numbers], "curve", "points", "ensemble", ...} (SPEC section 6).
+    mcu_options: Mapped[dict | None] = mapped_column(JSON, nullable=True)
     report: Mapped[dict | None] = mapped_column(JSON, nullable=True)  # the audit evidence (SPEC section 5)
     error: Mapped[dict | None] = mapped_column(JSON, nullable=True)  # a problem object
     result: Mapped[dict | None] = mapped_column(JSON, nullable=True)  # summary for the job view
@@ -149,3 +153,22 @@ class AuditEntry(Base):
     data: Mapped[dict] = mapped_column(JSON)
     prev_hash: Mapped[str] = mapped_column(String(64))
     hash: Mapped[str] = mapped_column(String(64), unique=True)
+
+
+class Connectivity(Base):
+    """One curve between two versions of a model: its points, barriers and analysis (SPEC section 6)."""
+    __tablename__ = "connectivity"
+    id: Mapped[str] = mapped_column(String(40), primary_key=True, default=lambda: new_id("mcu"))
+    tenant: Mapped[str] = mapped_column(String(128), index=True)
+    model_id: Mapped[str] = mapped_column(ForeignKey("models.id"), index=True)
+    job_id: Mapped[str] = mapped_column(String(40), index=True)
+    version_a: Mapped[int] = mapped_column(Integer)
+    version_b: Mapped[int] = mapped_column(Integer)
+    curve: Mapped[str] = mapped_column(String(16))
+    mcu_holds: Mapped[bool | None] = mapped_column(Boolean, nullable=True)
+    barriers: Mapped[dict] = mapped_column(JSON)
+    points: Mapped[list] = mapped_column(JSON)
+    suppress_first: Mapped[dict | None] = mapped_column(JSON, nullable=True)
+    ensemble: Mapped[dict | None] = mapped_column(JSON, nullable=True)  # version number and its evaluation
+    details: Mapped[dict] = mapped_column(JSON)  # space, fit trace, counts, timing, parameters
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)

@@ -49,7 +49,7 @@ def verdict(engine: dict, audit: dict) -> dict:
 
 
 def build_report(job: Job, engine: dict, audit: dict, base: ModelVersion, new: ModelVersion | None,
-                 worker: str) -> dict:
+                 worker: str, connectivity: dict | None = None) -> dict:
     report = {
         "job_id": job.id, "verdict": verdict(engine, audit),
         "stop_rule": {"stop_reason": engine["stop_reason"], "steps": engine["steps"],
@@ -69,5 +69,35 @@ def build_report(job: Job, engine: dict, audit: dict, base: ModelVersion, new: M
             "created_at": job.created_at.isoformat(), "started_at": job.started_at.isoformat() if job.started_at else None,
         },
     }
+    if connectivity is not None:
+        report["connectivity"] = connectivity
+    report["sha256"] = canonical_sha256(report)
+    return report
+
+
+def mcu_line(curve: dict) -> str:
+    """One sentence on one curve: whether MCU holds, and the barriers behind it."""
+    name = f"v{curve['a']} -> v{curve['b']} ({curve['curve']})"
+    if curve["mcu_holds"] is None:
+        return f"{name}: MCU not judged ({curve.get('reason') or 'a barrier is missing'})"
+    def nats(value):
+        return "n/a" if value is None else f"{value:.3f}"
+    return (f"{name}: MCU {'holds' if curve['mcu_holds'] else 'does not hold'}: retain barrier "
+            f"{nats(curve['b_retain'])} nats, forget barrier {nats(curve['b_forget'])} nats "
+            f"(tolerance {curve['tolerance']})")
+
+
+def build_connectivity_report(job: Job, curves: list[dict], worker: str) -> dict:
+    """The report of a connectivity job: the curve, its barriers and analysis, the evidence."""
+    options = job.mcu_options or {}
+    report = {"job_id": job.id, "kind": "connectivity",
+              "verdict": {"mcu_holds": curves[0]["mcu_holds"] if curves else None,
+                          "summary": "; ".join(mcu_line(c) for c in curves) or "no curve was measured"},
+              "connectivity": {"curves": curves, "errors": []},
+              "evidence": {"request_id": job.request_id, "a": options.get("a"), "b": options.get("b"),
+                           "forget_manifest_sha256": job.forget_evidence["manifest_sha256"],
+                           "forget_count": job.forget_evidence["count"], "options": options, "worker": worker,
+                           "created_at": job.created_at.isoformat(),
+                           "started_at": job.started_at.isoformat() if job.started_at else None}}
     report["sha256"] = canonical_sha256(report)
     return report

@@ -95,6 +95,10 @@ def _v(section, *path):
 
 
 def render_report(report: dict) -> str:
+    from service.report_mcu import mcu_section, render_connectivity_report  # it draws with this module's charts
+
+    if report.get("kind") == "connectivity":
+        return render_connectivity_report(report)
     v, stop, audit, ev = report["verdict"], report["stop_rule"], report["audit"], report["evidence"]
     checks = [e for e in stop["v_trace"] if e["stage"] == "confirm"] or stop["v_trace"]
     trace = line_chart([("V (trigger)", [e["step"] for e in stop["v_trace"] if e["stage"] == "trigger"],
@@ -164,6 +168,7 @@ section{{margin-top:22px}}</style></head><body>
 <section><h2>Before and after</h2>{bar_chart(metric_rows, 'Metrics of the base (before) and new (after) version')}</section>
 <section><h2>Proposition-1 bound per record (log10)</h2>{histogram(bounds, 'Records by log10 of the bound on verbatim reproduction')}</section>
 <section><h2>Robustness</h2>{quant_html}{relearn_chart}</section>
+{mcu_section(report.get("connectivity"))}
 {examples}
 <section><h2>Evidence</h2><table id="evidence">{''.join(f'<tr><td>{_e(k)}</td><td>{_e(val)}</td></tr>' for k, val in evidence_rows.items())}</table></section>
 </body></html>"""

@@ -50,6 +50,44 @@ class AuditOptions(Strict):
     examples: bool = False  # quote generated forget text in the report
 
 
+class McuRequest(Strict):
+    """Mode connectivity as part of an unlearning job (SPEC section 6)."""
+    against: list[Literal["parent"] | int] = Field(default_factory=lambda: ["parent"], min_length=1, max_length=5)
+    curve: Literal["linear", "bezier"] = "linear"
+    points: int = Field(default=11, ge=3, le=101)
+    ensemble: bool = False
+    tolerance: float = Field(default=0.05, ge=0)
+    params: dict[str, Any] | None = None  # further engine parameters (fit_steps, space, ensemble_points, ...)
+
+
+class ConnectivityCreate(Strict):
+    """A connectivity job on its own: the curve between versions a and b of a model."""
+    a: int = Field(ge=1)
+    b: int = Field(ge=1)
+    curve: Literal["linear", "bezier"] = "linear"
+    points: int = Field(default=11, ge=3, le=101)
+    forget: list[Record] | None = None
+    ensemble: bool = False
+    tolerance: float = Field(default=0.05, ge=0)
+    params: dict[str, Any] | None = None
+
+
+class ConnectivityOut(BaseModel):
+    id: str
+    model_id: str
+    job_id: str
+    a: int
+    b: int
+    curve: str
+    mcu_holds: bool | None
+    barriers: dict
+    points: list
+    suppress_first: dict | None
+    ensemble: dict | None
+    details: dict
+    created_at: datetime
+
+
 class JobCreate(Strict):
     model_id: str
     version: int | None = Field(default=None, ge=1)
@@ -61,6 +99,7 @@ class JobCreate(Strict):
     preset: str | None = None
     params: dict[str, Any] | None = None
     audit: AuditOptions | None = None
+    mcu: McuRequest | None = None
 
 
 class Progress(BaseModel):
@@ -72,14 +111,17 @@ class Progress(BaseModel):
 
 
 class JobResult(BaseModel):
-    model_version: int | None
-    stop_reason: str
-    steps: int
-    wall_seconds: float
+    model_version: int | None = None
+    stop_reason: str | None = None
+    steps: int | None = None
+    wall_seconds: float | None = None
+    connectivity: list[str] | None = None  # ids of the curves measured (GET /v1/models/{id}/connectivity/{cid})
+    ensemble_version: int | None = None
 
 
 class JobOut(BaseModel):
     id: str
+    kind: str
     state: str
     request_id: str
     model_id: str

@@ -14,12 +14,13 @@ from service.db import session_scope
 from service.jobs import acquire_lease, end_job, fail_exhausted, heartbeat
 from sqlalchemy import select
 
-from service import audit_log
+from service import audit_log, connectivity
 from service.models import Job, ModelVersion, RetrainReference
 from service.report import build_report
 from service.registry import add_version, get_model, get_version
 from service.settings import get_settings
 from service.store import ArtifactStore
+from worker.mcu_runner import execute_connectivity, measure_curves, record_curves, version_dirs
 
 log = logging.getLogger("lethe.worker")
 
@@ -83,6 +84,14 @@ def run(job_id: str) -> str:
                     reference_location=reference_location,
                     card=dict(model=model.name, source=model.source, parent=base.number, job=job.id,
                               erased=[*base.erased_request_ids, job.request_id]))
+        if job.kind == "connectivity":
+            options = job.mcu_options
+            locations = version_dirs(session, job.tenant, job.model_id, [options["a"], options["b"]])
+            work = dict(kind="connectivity", forget=job.forget_records or [], retain=job.retain_records or [],
+                        mcu=options, a_location=locations[options["a"]], b_location=locations[options["b"]])
+        elif job.mcu_options:
+            work.update(mcu=job.mcu_options, parent=base.number,
+                        against_locations=version_dirs(session, job.tenant, job.model_id, job.mcu_options["against"]))
 
     keeper = LeaseKeeper(job_id, owner)
     keeper.start()
@@ -101,6 +110,8 @@ def _execute(job_id: str, work: dict, keeper: LeaseKeeper, settings) -> str:
     store = ArtifactStore(settings.artifact_root)
     try:
         with tempfile.TemporaryDirectory(prefix="lethe-") as tmp:
+            if work.get("kind") == "connectivity":
+                return execute_connectivity(job_id, work, keeper, settings, store, Path(tmp))
             source = store.local_path(work["location"]) or store.fetch_directory(work["location"], Path(tmp) / "base")
             params = params_for(work["method"], work["params"], preset=work["preset"])
 
@@ -113,13 +124,17 @@ def _execute(job_id: str, work: dict, keeper: LeaseKeeper, settings) -> str:
             if keeper.lost.is_set():
                 return "lease lost"  # another worker owns the job now; write nothing
             location = f"jobs/{job_id}/model"
-            manifest, audit = None, None
+            manifest, audit, curves = None, None, []
             if outcome.model is not None:
                 save_model(outcome.model, outcome.tokenizer, Path(tmp) / "out")
                 (Path(tmp) / "out" / "README.md").write_text(model_card(work["card"], outcome.result))
                 manifest = store.put_local_directory(Path(tmp) / "out", location)
                 audit = _audit(work, outcome, str(source), store, Path(tmp), params.seed)
-            return _finish(job_id, keeper, outcome.result, location, manifest, audit)
+                if work.get("mcu"):
+                    outcome.model = None  # the curves load both ends themselves
+                    curves = measure_curves(work, str(Path(tmp) / "out"), store, Path(tmp), keeper,
+                                            settings.device, job_id)
+            return _finish(job_id, keeper, outcome.result, location, manifest, audit, curves)
     except EngineInputError as exc:
         return _fail(job_id, keeper, problem("invalid-request", "Invalid request", 422, str(exc)))
     except Exception as exc:
@@ -160,7 +175,7 @@ def _result(version: int | None, stop_reason: str, steps: int, wall_seconds: flo
 
 
 def _finish(job_id: str, keeper: LeaseKeeper, result: dict, location: str, manifest: list | None,
-            audit: dict | None) -> str:
+            audit: dict | None, curves: list[dict]) -> str:
     """One transaction: the version (at most one per job) and the job's end, if the lease is still ours."""
     keeper.done.set()
     with session_scope() as session:
@@ -178,11 +193,20 @@ def _finish(job_id: str, keeper: LeaseKeeper, result: dict, location: str, manif
         existing = session.query(ModelVersion).filter_by(job_id=job_id).one_or_none()
         version = existing or add_version(session, model, location=location, manifest=manifest, parent=parent,
                                           job_id=job_id, request_id=job.request_id)
-        job.report = build_report(job, result, audit or {"error": "not run"}, parent, version, keeper.owner)
+        ids = record_curves(session, job, curves, version.number, version) if curves else []
+        rows = [connectivity.get_curve(session, job.tenant, job.model_id, i) for i in ids]
+        mcu = None
+        if job.mcu_options:
+            mcu = {"curves": [connectivity.summary(r) for r in rows],
+                   "errors": [{"a": c["a"], "error": c["error"]} for c in curves if "error" in c]}
+        job.report = build_report(job, result, audit or {"error": "not run"}, parent, version, keeper.owner, mcu)
         audit_log.append(session, job.tenant, "report.created", job.id,
                          {"report_sha256": job.report["sha256"], "forgotten": job.report["verdict"]["forgotten"]})
-        end_job(job, "SUCCEEDED", result=_result(version.number, result["stop_reason"], result["steps"],
-                                                  result["wall_seconds"]))
+        summary = _result(version.number, result["stop_reason"], result["steps"], result["wall_seconds"])
+        if job.mcu_options:
+            ensembles = [r.ensemble["version"] for r in rows if r.ensemble]
+            summary.update(connectivity=ids, ensemble_version=ensembles[0] if ensembles else None)
+        end_job(job, "SUCCEEDED", result=summary)
         return f"succeeded: version {version.number}"
 
 

@@ -11,7 +11,7 @@ from fastapi.responses import HTMLResponse, StreamingResponse
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from service import registry
+from service import connectivity, registry
 from service.auth import Principal, require
 from service.db import session_scope, transactional
 from service.idempotency import idempotent
@@ -70,12 +70,17 @@ def submit(body: JobCreate, request: Request, who: Principal = Depends(require("
             params_for(body.method, body.params, preset=body.preset)
         except EngineInputError as exc:
             raise invalid(str(exc), f"params.{exc.field}" if exc.field and exc.field != "preset" else exc.field) from None
+        mcu = None
+        if body.mcu is not None:
+            mcu = body.mcu.model_dump()
+            connectivity.check_engine_params(mcu, "mcu.")
+            mcu["against"] = connectivity.resolve_against(session, model, version.number, body.mcu.against)
         job = Job(id=new_id("job"), tenant=who.tenant, model_id=model.id, base_version=version.number,
                   request_id=body.request_id, method=body.method, preset=body.preset, params=body.params or {},
                   state="QUEUED", forget_records=forget, forget_evidence=forget_evidence(forget),
                   retain_records=retain if retain is not None else model.retain_records, holdout_records=holdout,
                   progress={}, attempt=0, max_attempts=settings.max_attempts, cancel_requested=False,
-                  audit_options=body.audit.model_dump() if body.audit else None)
+                  audit_options=body.audit.model_dump() if body.audit else None, mcu_options=mcu)
         session.add(job)
         session.flush()
         log_state(job, {"base_version": job.base_version, "forget": job.forget_evidence["manifest_sha256"],

@@ -57,6 +57,22 @@ def verbatim(model, tokenizer, rs: RecordSet, stats=None) -> dict:
             **_teacher_forced(stats), "generated": generated["generated"]}
 
 
+def retain_utility(model, tokenizer, retain: RecordSet | None) -> dict:
+    """Harmonic mean of P, ROUGE-L recall and the truth-ratio score on the retain records."""
+    if retain is None or not retain.main:
+        return {"model_utility": unavailable("no retain records (request or model)")}
+    stats = token_stats(model, retain.main, tokenizer.pad_token_id)
+    probability = metric({s.id: s.probability for s in stats})
+    rouge = generation_metrics(model, tokenizer, retain.main, retain.references)["rouge_l_recall"]
+    parts = [probability["value"], rouge["value"]]
+    retain_ratios = _truth_ratios(model, tokenizer, retain)
+    tr = retain_score(retain_ratios) if retain_ratios else unavailable("no truth-ratio fields on retain records")
+    if tr["value"] is not None:
+        parts.append(tr["value"])
+    return {"probability": probability, "rouge_l_recall": rouge, "truth_ratio": tr,
+            "model_utility": {"value": harmonic_mean(parts), "per_record": {}, "components": len(parts)}}
+
+
 def evaluate(model, tokenizer, forget: RecordSet, retain: RecordSet | None, holdout: RecordSet | None) -> dict:
     pad = tokenizer.pad_token_id
     forget_stats = token_stats(model, forget.main, pad)  # one pass serves verbatim and membership
@@ -74,21 +90,7 @@ def evaluate(model, tokenizer, forget: RecordSet, retain: RecordSet | None, hold
     out["forget_truth_ratio"] = forget_score(ratios) if ratios else \
         unavailable("no record carries paraphrased_completion and perturbed_completions")
     out["forget_truth_ratio_raw"] = ratios
-    # Retain utility: harmonic mean of P, ROUGE-L recall and the truth-ratio score.
-    if retain is not None and retain.main:
-        stats = token_stats(model, retain.main, pad)
-        probability = metric({s.id: s.probability for s in stats})
-        rouge = generation_metrics(model, tokenizer, retain.main, retain.references)["rouge_l_recall"]
-        parts = [probability["value"], rouge["value"]]
-        retain_ratios = _truth_ratios(model, tokenizer, retain)
-        tr = retain_score(retain_ratios) if retain_ratios else unavailable("no truth-ratio fields on retain records")
-        if tr["value"] is not None:
-            parts.append(tr["value"])
-        out["retain_utility"] = {"probability": probability, "rouge_l_recall": rouge, "truth_ratio": tr,
-                                 "model_utility": {"value": harmonic_mean(parts), "per_record": {},
-                                                   "components": len(parts)}}
-    else:
-        out["retain_utility"] = {"model_utility": unavailable("no retain records (request or model)")}
+    out["retain_utility"] = retain_utility(model, tokenizer, retain)
     # Membership inference: forget (members) against holdout (non-members).
     if holdout is not None and holdout.main:
         def scores(rs, stats):

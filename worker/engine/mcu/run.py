@@ -7,7 +7,7 @@ import random
 import time
 from dataclasses import dataclass
 
-from worker.engine.audit import RecordSet
+from worker.engine.audit import RecordSet, evaluate, retain_utility
 from worker.engine.errors import EngineInputError
 from worker.engine.loading import context_length, load_model, resolve_device
 from worker.engine.mcu.barriers import barriers, suppress_first
@@ -103,9 +103,30 @@ def run_connectivity(start_source: str, end_source: str, forget: list[dict] | No
     if params.ensemble:
         load_weights(model, path.ensemble(params.ensemble_points))
         ensemble_model = model
+        t0 = time.perf_counter()
+        retain_set = RecordSet(sample, tokenizer, max_length, params.seed, "retain") if sample else None
         result["ensemble"] = {"points": params.ensemble_points,
-                              "t": [(i + 1) / (params.ensemble_points + 1) for i in range(params.ensemble_points)]}
+                              "t": [(i + 1) / (params.ensemble_points + 1) for i in range(params.ensemble_points)],
+                              "evaluation": evaluate_version(model, tokenizer, forget_set, retain_set)}
+        timing["ensemble_seconds"] = time.perf_counter() - t0
     timing["wall_seconds"] = time.perf_counter() - started
     result["timing"] = timing
     result["peak_memory"] = memory.read()
     return McuOutcome(result=result, ensemble=ensemble_model, tokenizer=tokenizer)
+
+
+def evaluate_version(model, tokenizer, forget: RecordSet | None, retain: RecordSet | None) -> dict:
+    """The audit's headline metrics of one model (the ensemble is evaluated like any version)."""
+    def value(section, *path):
+        for key in path:
+            section = (section or {}).get(key)
+        return section.get("value") if isinstance(section, dict) else None
+    if forget is None:
+        utility = retain_utility(model, tokenizer, retain)
+        return {"model_utility": value(utility, "model_utility"), "reason": "no forget records: utility only"}
+    out = evaluate(model, tokenizer, forget, retain, None)
+    return {"forget_exact_match": value(out, "forget_verbatim", "exact_match"),
+            "forget_rouge_l": value(out, "forget_verbatim", "rouge_l_recall"),
+            "knowledge_rouge_l": value(out, "forget_knowledge", "rouge_l_recall"),
+            "forget_truth_ratio": value(out, "forget_truth_ratio"),
+            "model_utility": value(out, "retain_utility", "model_utility")}

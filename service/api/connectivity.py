@@ -1,0 +1,67 @@
+"""/v1/models/{model_id}/connectivity: a connectivity job between two versions, and the stored curves."""
+from __future__ import annotations
+
+from fastapi import APIRouter, Depends, Header, Query, Request
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from service import connectivity, registry
+from service.api.jobs import checked_records, send
+from service.auth import Principal, require
+from service.db import transactional
+from service.idempotency import idempotent
+from service.jobs import forget_evidence, job_view, log_state
+from service.models import Connectivity, Job, new_id
+from service.pagination import paginate
+from service.problems import invalid
+from service.schemas import ConnectivityCreate, ConnectivityOut, JobOut, Page
+from service.settings import get_settings
+
+router = APIRouter(prefix="/v1/models", tags=["connectivity"])
+
+
+@router.post("/{model_id}/connectivity", status_code=202, response_model=JobOut)
+@transactional
+def submit(model_id: str, body: ConnectivityCreate, request: Request, who: Principal = Depends(require("jobs:write")),
+           session: Session = None, idempotency_key: str | None = Header(None)):
+    def create():
+        settings = get_settings()
+        model = registry.get_model(session, who.tenant, model_id)
+        options = body.model_dump(exclude={"forget"})
+        connectivity.check_engine_params(options)
+        forget = checked_records(body.forget, "forget", settings.max_records) if body.forget else []
+        if body.a == body.b:
+            raise invalid("a and b name the same version; a curve needs two", "b")
+        for field, number in (("a", body.a), ("b", body.b)):
+            try:
+                registry.get_version(session, model, number)
+            except Exception:
+                raise invalid(f"{field}: model {model.id!r} has no version {number}", field) from None
+        job = Job(id=new_id("job"), tenant=who.tenant, kind="connectivity", model_id=model.id, base_version=body.a,
+                  request_id=f"connectivity v{body.a}-v{body.b}", method="mcu", preset=None, params={},
+                  state="QUEUED", forget_records=forget, forget_evidence=forget_evidence(forget),
+                  retain_records=model.retain_records, holdout_records=None, progress={}, attempt=0,
+                  max_attempts=settings.max_attempts, cancel_requested=False, mcu_options=options)
+        session.add(job)
+        session.flush()
+        log_state(job, {"kind": "connectivity", "a": body.a, "b": body.b, "curve": body.curve,
+                        "forget": job.forget_evidence["manifest_sha256"], "count": len(forget)})
+        return 202, job_view(job), f"/v1/unlearning-jobs/{job.id}"
+
+    return idempotent(session, who, request, idempotency_key, body.model_dump(mode="json"), create, after_commit=send)
+
+
+@router.get("/{model_id}/connectivity", response_model=Page)
+@transactional
+def list_curves(model_id: str, who: Principal = Depends(require("jobs:read")), session: Session = None,
+                page_size: int = Query(50, ge=1, le=500), page_token: str | None = None):
+    model = registry.get_model(session, who.tenant, model_id)
+    query = select(Connectivity).where(Connectivity.tenant == who.tenant, Connectivity.model_id == model.id)
+    rows, token = paginate(session, query, Connectivity, page_size, page_token)
+    return {"items": [connectivity.view(r) for r in rows], "next_page_token": token}
+
+
+@router.get("/{model_id}/connectivity/{curve_id}", response_model=ConnectivityOut)
+@transactional
+def read_curve(model_id: str, curve_id: str, who: Principal = Depends(require("jobs:read")), session: Session = None):
+    return connectivity.view(connectivity.get_curve(session, who.tenant, model_id, curve_id))
