@@ -97,3 +97,23 @@ def test_refuses_a_non_empty_out(fixture_model, forget_records, tmp_path, capsys
     assert main(["unlearn", "--model", str(fixture_model), "--forget", str(forget), "--out", str(tmp_path / "out")]) == 2
     assert "not an empty directory" in capsys.readouterr().err
     assert [p.name for p in (tmp_path / "out").iterdir()] == ["keep.txt"]
+
+
+def test_connectivity_cli_writes_the_curve_and_the_ensemble(fixture_model, forget_records, retain_records, tmp_path,
+                                                            capsys):
+    forget = write_jsonl(tmp_path / "forget.jsonl", forget_records)
+    retain = write_jsonl(tmp_path / "retain.jsonl", retain_records)
+    assert main(["unlearn", "--model", str(fixture_model), "--forget", str(forget), "--out", str(tmp_path / "b"),
+                 "--method", "ga", "--epochs", "1", "--lr", "1e-3", "--no-progress"]) == 0
+    capsys.readouterr()
+    code = main(["connectivity", "--a", str(fixture_model), "--b", str(tmp_path / "b" / "model"), "--forget", str(forget),
+                 "--retain", str(retain), "--points", "3", "--out", str(tmp_path / "curve.json"),
+                 "--ensemble-out", str(tmp_path / "ensemble")])
+    assert code == 0, capsys.readouterr().err
+    assert "mcu_holds=" in capsys.readouterr().out
+    result = json.loads((tmp_path / "curve.json").read_text())
+    assert [p["t"] for p in result["points"]] == [0.0, 0.5, 1.0] and result["barriers"]["retain"]["value"] is not None
+    assert (tmp_path / "ensemble" / "config.json").exists()
+    assert main(["connectivity", "--a", str(fixture_model), "--b", str(fixture_model), "--points", "two",
+                 "--out", str(tmp_path / "x.json")]) == 2
+    assert "--points 'two': expected an integer" in capsys.readouterr().err

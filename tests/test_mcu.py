@@ -206,7 +206,7 @@ def test_connectivity_run_between_two_fixture_versions(versions, forget_records,
 
 
 def test_bezier_run_reports_the_fit_and_the_linear_suppress_analysis(versions, forget_records, retain_records):
-    params = McuParams(curve="bezier", points=3, fit_steps=5, space="lora", lora_r=2)
+    params = McuParams(curve="bezier", points=3, fit_steps=5, lora_r=2)  # space auto: LoRA-derived ends
     r = run_connectivity(str(versions[0]), str(versions[1]), forget_records, retain_records, params).result
     assert r["space"] == "lora" and len(r["fit"]["loss_trace"]) == 5
     assert len(r["suppress_points"]) == 3 and "fit_seconds" in r["timing"]
@@ -218,3 +218,15 @@ def test_bad_mcu_parameters_name_the_field():
         with pytest.raises(EngineInputError) as caught:
             McuParams.from_dict(values)
         assert caught.value.field == field
+
+
+def test_auto_space_is_lora_only_when_just_adapted_matrices_differ():
+    from worker.engine.mcu.run import choose_space
+
+    weights = {"model.layers.0.self_attn.q_proj.weight": torch.zeros(4, 4),
+               "model.layers.0.mlp.down_proj.weight": torch.zeros(4, 4), "model.norm.weight": torch.zeros(4)}
+    assert choose_space("auto", ["model.layers.0.self_attn.q_proj.weight"], weights) == "lora"
+    assert choose_space("auto", ["model.layers.0.self_attn.q_proj.weight",
+                                 "model.layers.0.mlp.down_proj.weight"], weights) == "full"
+    assert choose_space("auto", ["model.norm.weight"], weights) == "full"
+    assert choose_space("full", ["model.layers.0.self_attn.q_proj.weight"], weights) == "full"

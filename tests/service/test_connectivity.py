@@ -5,6 +5,7 @@ import re
 
 from service.db import session_scope
 from service.models import Connectivity, Job
+from tests.service.browser import layout
 from tests.service.conftest import auth, wait_for
 
 FAST = {"lr": 1e-3, "max_steps": 400}
@@ -72,6 +73,11 @@ def test_connectivity_job_on_its_own_with_a_bezier_curve(client, worker, registe
     assert report["kind"] == "connectivity" and report["verdict"]["summary"].startswith("v1 -> v2 (bezier)")
     page = client.get(f"/v1/unlearning-jobs/{job['id']}/report.html", headers=auth()).text
     assert 'id="connectivity"' in page and "forget NLL along t" in page
+    # Drawn by a browser: the verdict on the first screen, the three charts of the curve laid out.
+    seen = layout(page)
+    [verdict] = seen["verdict"]
+    assert verdict["visible"] and verdict["top"] < seen["viewport"] and verdict["text"].startswith("v1 -> v2")
+    assert len(seen["charts"]) == 3 and all(c["visible"] for c in seen["charts"])
     # The forget records are gone once the job is over; their evidence stays.
     with session_scope() as session:
         stored = session.get(Job, job["id"])

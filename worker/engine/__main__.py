@@ -1,4 +1,4 @@
-"""The engine's CLI: `python -m worker.engine fixture ...` and `python -m worker.engine unlearn ...`."""
+"""The engine's CLI: `python -m worker.engine fixture|unlearn|connectivity ...`."""
 from __future__ import annotations
 
 import argparse
@@ -11,6 +11,7 @@ from pathlib import Path
 
 from worker.engine.errors import EngineInputError
 from worker.engine.baseline_params import BaselineParams
+from worker.engine.mcu.params import McuParams
 from worker.engine.params import MascParams, params_for
 
 # Every parameter of every method is a flag; params_for refuses those the chosen method lacks.
@@ -49,6 +50,17 @@ def build_parser() -> argparse.ArgumentParser:
     unlearn.add_argument("--no-progress", action="store_true")
     for name in PARAM_NAMES:
         unlearn.add_argument("--" + name.replace("_", "-"), dest=name, default=None, metavar="V")
+
+    curve = commands.add_parser("connectivity", help="the curve between two versions: barriers, analysis")
+    curve.add_argument("--a", required=True, help="the version at t = 0 (a from_pretrained directory)")
+    curve.add_argument("--b", required=True, help="the version at t = 1")
+    curve.add_argument("--forget")
+    curve.add_argument("--retain")
+    curve.add_argument("--out", required=True, help="a JSON file for the result")
+    curve.add_argument("--ensemble-out", help="a new directory for the MCU ensemble (implies --ensemble true)")
+    curve.add_argument("--device", default="auto")
+    for f in dataclasses.fields(McuParams):
+        curve.add_argument("--" + f.name.replace("_", "-"), dest="mcu_" + f.name, default=None, metavar="V")
     return parser
 
 
@@ -123,10 +135,45 @@ def cmd_unlearn(args) -> int:
     return 0
 
 
+def cmd_connectivity(args) -> int:
+    from worker.engine.loading import save_model
+    from worker.engine.mcu.run import run_connectivity
+    from worker.engine.records import read_records
+
+    values = {f.name: getattr(args, "mcu_" + f.name) for f in dataclasses.fields(McuParams)
+              if getattr(args, "mcu_" + f.name) is not None}
+    for name, value in values.items():  # flags arrive as text; the parameters' own checks follow
+        kind = next(f.type for f in dataclasses.fields(McuParams) if f.name == name)
+        try:
+            values[name] = {"int": int, "float": float, "bool": lambda v: {"true": True, "false": False}[v.lower()],
+                            "str": str}[kind](value)
+        except (ValueError, KeyError):
+            wanted = {"int": "an integer", "float": "a number", "bool": "true or false", "str": "text"}[kind]
+            raise EngineInputError(f"--{name.replace('_', '-')} {value!r}: expected {wanted}") from None
+    if args.ensemble_out:
+        values["ensemble"] = True
+        staging = prepare_out(Path(args.ensemble_out))
+    params = McuParams.from_dict(values)
+    forget = read_records(args.forget) if args.forget else None
+    retain = read_records(args.retain) if args.retain else None
+    try:
+        outcome = run_connectivity(args.a, args.b, forget, retain, params, device=args.device)
+        Path(args.out).write_text(json.dumps(outcome.result, indent=2))
+        if args.ensemble_out:
+            save_model(outcome.ensemble, outcome.tokenizer, staging)
+            commit_out(staging, Path(args.ensemble_out))
+    finally:
+        if args.ensemble_out:
+            shutil.rmtree(staging, ignore_errors=True)
+    b = outcome.result["barriers"]
+    print(f"B_r={b['retain']['value']} B_f={b['forget']['value']} mcu_holds={b['mcu_holds']} out={args.out}")
+    return 0
+
+
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        return {"fixture": cmd_fixture, "unlearn": cmd_unlearn}[args.command](args)
+        return {"fixture": cmd_fixture, "unlearn": cmd_unlearn, "connectivity": cmd_connectivity}[args.command](args)
     except EngineInputError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

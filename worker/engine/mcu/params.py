@@ -7,7 +7,8 @@ from dataclasses import dataclass, fields
 from worker.engine.errors import EngineInputError
 
 CURVES = ("linear", "bezier")
-SPACES = ("full", "lora")
+SPACES = ("auto", "full", "lora")
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")
 
 
 @dataclass
@@ -16,7 +17,9 @@ class McuParams:
     points: int = 11  # T: t = 0, 1/(T-1), ..., 1
     tolerance: float = 0.05  # nats: MCU holds when both barriers are at most this
     # The Bezier control point (SPEC 6): trained with t ~ U(0, 1) on L_retain + lambda_forget * hinge_forget.
-    space: str = "full"  # "lora": midpoint plus a trainable rank-r delta on each differing matrix
+    # "lora": the midpoint plus a trainable rank-r delta on each differing matrix; "full": a full copy of
+    # each differing tensor; "auto": lora when only LoRA-adaptable matrices differ (both ends LoRA-derived).
+    space: str = "auto"
     lora_r: int = 16
     fit_steps: int = 100
     fit_lr: float = 1e-3

@@ -13,7 +13,7 @@ from worker.engine.loading import context_length, load_model, resolve_device
 from worker.engine.mcu.barriers import barriers, suppress_first
 from worker.engine.mcu.curve import evaluate_path
 from worker.engine.mcu.fit import fit_control_point
-from worker.engine.mcu.params import McuParams
+from worker.engine.mcu.params import LORA_TARGETS, McuParams
 from worker.engine.mcu.paths import ControlPoint, Path, differing_names, load_weights, parameters_of
 from worker.engine.records import encode_records, normalise_records
 from worker.engine.runtime import PeakMemory, library_versions, seed_everything
@@ -62,10 +62,11 @@ def run_connectivity(start_source: str, end_source: str, forget: list[dict] | No
     retain_enc = encode_records(sample, tokenizer, max_length=max_length, seed=params.seed, what="retain")
 
     curve = params.curve if names else "linear"  # identical ends: there is nothing to bend
-    control = (ControlPoint(start, end, names, params.space, params.lora_r, init, params.seed).to(dev)
+    space = choose_space(params.space, names, start)
+    control = (ControlPoint(start, end, names, space, params.lora_r, init, params.seed).to(dev)
                if curve == "bezier" else None)
     path = Path(start, end, names, curve, control)
-    result: dict = {"curve": params.curve, "space": params.space if params.curve == "bezier" else None,
+    result: dict = {"curve": params.curve, "space": space if params.curve == "bezier" else None,
                     "differing_tensors": len(names),
                     "differing_parameters": sum(start[n].numel() for n in names),
                     "counts": {"forget": len(forget), "retain": len(retain_enc)}, "params": params.as_dict(),
@@ -113,6 +114,15 @@ def run_connectivity(start_source: str, end_source: str, forget: list[dict] | No
     result["timing"] = timing
     result["peak_memory"] = memory.read()
     return McuOutcome(result=result, ensemble=ensemble_model, tokenizer=tokenizer)
+
+
+def choose_space(requested: str, names: list[str], weights: dict) -> str:
+    """auto: LoRA deltas when every differing tensor is a matrix of a LoRA-adaptable projection (the ends
+    are LoRA-derived from a common version), else all differing weights."""
+    if requested != "auto":
+        return requested
+    lora_like = all(weights[n].dim() == 2 and n.rsplit(".", 1)[0].endswith(LORA_TARGETS) for n in names)
+    return "lora" if names and lora_like else "full"
 
 
 def evaluate_version(model, tokenizer, forget: RecordSet | None, retain: RecordSet | None) -> dict:
