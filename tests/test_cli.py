@@ -116,4 +116,4 @@ def test_connectivity_cli_writes_the_curve_and_the_ensemble(fixture_model, forge
     assert (tmp_path / "ensemble" / "config.json").exists()
     assert main(["connectivity", "--a", str(fixture_model), "--b", str(fixture_model), "--points", "two",
                  "--out", str(tmp_path / "x.json")]) == 2
-    assert "--points 'two': expected an integer" in capsys.readouterr().err
+    assert "points='two': expected int" in capsys.readouterr().err

@@ -214,7 +214,7 @@ def test_bezier_run_reports_the_fit_and_the_linear_suppress_analysis(versions, f
 
 def test_bad_mcu_parameters_name_the_field():
     for values, field in (({"curve": "cubic"}, "curve"), ({"points": 2}, "points"), ({"tolerance": -1}, "tolerance"),
-                          ({"nope": 1}, "nope"), ({"points": "11"}, "points"), ({"ensemble": 1}, "ensemble")):
+                          ({"nope": 1}, "nope"), ({"points": "eleven"}, "points"), ({"ensemble": 1}, "ensemble")):
         with pytest.raises(EngineInputError) as caught:
             McuParams.from_dict(values)
         assert caught.value.field == field

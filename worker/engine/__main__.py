@@ -141,15 +141,7 @@ def cmd_connectivity(args) -> int:
     from worker.engine.records import read_records
 
     values = {f.name: getattr(args, "mcu_" + f.name) for f in dataclasses.fields(McuParams)
-              if getattr(args, "mcu_" + f.name) is not None}
-    for name, value in values.items():  # flags arrive as text; the parameters' own checks follow
-        kind = next(f.type for f in dataclasses.fields(McuParams) if f.name == name)
-        try:
-            values[name] = {"int": int, "float": float, "bool": lambda v: {"true": True, "false": False}[v.lower()],
-                            "str": str}[kind](value)
-        except (ValueError, KeyError):
-            wanted = {"int": "an integer", "float": "a number", "bool": "true or false", "str": "text"}[kind]
-            raise EngineInputError(f"--{name.replace('_', '-')} {value!r}: expected {wanted}") from None
+              if getattr(args, "mcu_" + f.name) is not None}  # text; McuParams.from_dict coerces and checks
     if args.ensemble_out:
         values["ensemble"] = True
         staging = prepare_out(Path(args.ensemble_out))

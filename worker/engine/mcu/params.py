@@ -5,6 +5,7 @@ import dataclasses
 from dataclasses import dataclass, fields
 
 from worker.engine.errors import EngineInputError
+from worker.engine.params import _coerce
 
 CURVES = ("linear", "bezier")
 SPACES = ("auto", "full", "lora")
@@ -42,23 +43,12 @@ class McuParams:
 
     @classmethod
     def from_dict(cls, values: dict | None = None) -> "McuParams":
+        """JSON or CLI values, coerced by the unlearning parameters' own rules; unknown names refused."""
         known = {f.name: f for f in fields(cls)}
-        values = dict(values or {})
-        for name, value in values.items():
+        for name in values or {}:
             if name not in known:
                 raise EngineInputError(f"unknown MCU parameter {name!r}", field=name)
-            kind = known[name].type
-            if kind in ("int", "float") and (isinstance(value, bool) or not isinstance(value, (int, float))):
-                raise EngineInputError(f"MCU parameter {name}={value!r}: expected a number", field=name)
-            if kind == "int" and isinstance(value, float):
-                if not value.is_integer():
-                    raise EngineInputError(f"MCU parameter {name}={value!r}: expected an integer", field=name)
-                values[name] = int(value)
-            if kind == "bool" and not isinstance(value, bool):
-                raise EngineInputError(f"MCU parameter {name}={value!r}: expected true or false", field=name)
-            if kind == "str" and not isinstance(value, str):
-                raise EngineInputError(f"MCU parameter {name}={value!r}: expected a string", field=name)
-        params = cls(**values)
+        params = cls(**{name: _coerce(known[name], value) for name, value in (values or {}).items()})
         params.validate()
         return params
 
