@@ -78,10 +78,10 @@ def save_ensemble(outcome, store: ArtifactStore, tmp: Path, location: str) -> di
     return {"location": location, "manifest": store.put_local_directory(out, location)}
 
 
-def record_curves(session, job: Job, curves: list[dict], b: int, parent_of_ensemble) -> list[str]:
+def record_curves(session, job: Job, curves: list[dict], b: int, parent_of_ensemble) -> list:
     """Store each measured curve (and the ensemble's version, tagged) inside the caller's transaction."""
     model = get_model(session, job.tenant, job.model_id)
-    ids = []
+    rows = []
     for curve in curves:
         if "error" in curve:
             continue
@@ -95,8 +95,8 @@ def record_curves(session, job: Job, curves: list[dict], b: int, parent_of_ensem
         audit_log.append(session, job.tenant, "connectivity.measured", row.id,
                          {"job_id": job.id, "a": row.version_a, "b": row.version_b, "curve": row.curve,
                           "mcu_holds": row.mcu_holds, "ensemble_version": ensemble and ensemble["version"]})
-        ids.append(row.id)
-    return ids
+        rows.append(row)
+    return rows
 
 
 def execute_connectivity(job_id: str, work: dict, keeper, settings, store: ArtifactStore, tmp: Path) -> str:
@@ -128,8 +128,8 @@ def execute_connectivity(job_id: str, work: dict, keeper, settings, store: Artif
             end_job(job, "CANCELLED", result={"connectivity": []})
             return "cancelled"
         model = get_model(session, job.tenant, job.model_id)
-        ids = record_curves(session, job, [curve], options["b"], get_version(session, model, options["b"]))
-        row = connectivity.get_curve(session, job.tenant, job.model_id, ids[0])
+        [row] = record_curves(session, job, [curve], options["b"], get_version(session, model, options["b"]))
+        ids = [row.id]
         job.engine_result = outcome.result
         job.report = build_connectivity_report(job, [connectivity.summary(row)], keeper.owner)
         audit_log.append(session, job.tenant, "report.created", job.id, {"report_sha256": job.report["sha256"]})

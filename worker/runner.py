@@ -193,8 +193,8 @@ def _finish(job_id: str, keeper: LeaseKeeper, result: dict, location: str, manif
         existing = session.query(ModelVersion).filter_by(job_id=job_id).one_or_none()
         version = existing or add_version(session, model, location=location, manifest=manifest, parent=parent,
                                           job_id=job_id, request_id=job.request_id)
-        ids = record_curves(session, job, curves, version.number, version) if curves else []
-        rows = [connectivity.get_curve(session, job.tenant, job.model_id, i) for i in ids]
+        rows = record_curves(session, job, curves, version.number, version) if curves else []
+        ids = [r.id for r in rows]
         mcu = None
         if job.mcu_options:
             mcu = {"curves": [connectivity.summary(r) for r in rows],

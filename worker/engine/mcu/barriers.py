@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 
-def _interpolated(rows: list[dict], key: str) -> list[float]:
+def chord(rows: list[dict], key: str) -> list[float]:
     """The linear interpolation of the endpoint values, (1 - t) L(theta_1) + t L(theta_2), at each row's t."""
     first, last = rows[0][key], rows[-1][key]
     return [(1 - r["t"]) * first + r["t"] * last for r in rows]
@@ -12,7 +12,7 @@ def barrier(rows: list[dict], key: str, sign: int) -> dict:
     """max_t sign * (L(phi(t)) - interpolation): sign +1 for retain (a hill), -1 for forget (a valley)."""
     if not rows or any(key not in r for r in rows):
         return {"value": None, "t": None, "reason": f"{key} was not measured"}
-    gaps = [sign * (r[key] - line) for r, line in zip(rows, _interpolated(rows, key))]
+    gaps = [sign * (r[key] - line) for r, line in zip(rows, chord(rows, key))]
     i = max(range(len(gaps)), key=gaps.__getitem__)
     return {"value": gaps[i], "t": rows[i]["t"], "per_point": gaps}
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from worker.engine.audit import RecordSet, evaluate, retain_utility
 from worker.engine.errors import EngineInputError
 from worker.engine.loading import context_length, load_model, resolve_device
-from worker.engine.mcu.barriers import barriers, suppress_first
+from worker.engine.mcu.barriers import barriers, chord, suppress_first
 from worker.engine.mcu.curve import evaluate_path
 from worker.engine.mcu.fit import fit_control_point
 from worker.engine.mcu.params import LORA_TARGETS, McuParams
@@ -85,8 +85,8 @@ def run_connectivity(start_source: str, end_source: str, forget: list[dict] | No
                          knowledge=linear_knowledge, should_cancel=should_cancel, progress=progress)
     timing["evaluation_seconds"] = time.perf_counter() - t0
     result["points"] = rows
-    result["line"] = [{"t": r["t"], **{f"{k}_line": (1 - r["t"]) * rows[0][k] + r["t"] * rows[-1][k]
-                                       for k in ("retain_nll", "forget_nll") if k in r}} for r in rows]
+    lines = {f"{k}_line": chord(rows, k) for k in ("retain_nll", "forget_nll") if all(k in r for r in rows)}
+    result["line"] = [{"t": r["t"], **{name: values[i] for name, values in lines.items()}} for i, r in enumerate(rows)]
     result["barriers"] = barriers(rows, params.tolerance)
     if suppress and forget_set is not None:
         linear_rows = rows
