@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install run demo test bench bench-sequential bench-engine bench-service bench-audit bench-mcu clean
+.PHONY: install run demo test bench bench-forgetting bench-sequential bench-engine bench-service bench-audit bench-mcu clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -32,6 +32,10 @@ test: $(STAMP)
 # MASC and every baseline side by side on mini-TOFU (builds and caches two fixtures first: minutes).
 bench: $(STAMP)
 	$(PY) -m bench.bench_methods
+
+# The default job on customer-record models of three architectures and on mini-TOFU, old defaults beside it.
+bench-forgetting: $(STAMP)
+	$(PY) -m bench.bench_forgetting
 
 # Ten deletion requests in a row through the embedded service, each on the last one's version.
 bench-sequential: $(STAMP)

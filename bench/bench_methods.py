@@ -9,13 +9,12 @@ import json
 import math
 import platform
 import sys
-from pathlib import Path
 
 import torch
 
-from bench.mini_tofu import ROOT, update_benchmarks, fixture, splits
-from worker.engine.audit import RecordSet, evaluate
-from worker.engine.loading import context_length, load_model
+from bench.mini_tofu import ROOT, fixture, loaded, update_benchmarks
+from worker.engine.audit import evaluate
+from worker.engine.loading import load_model
 from worker.engine.metrics.stats import ks_p_value
 from worker.engine.params import params_for
 from worker.engine.runtime import library_versions
@@ -44,12 +43,8 @@ def measure(model, tokenizer, sets, reference_tr: list[float]) -> dict:
 def main() -> None:
     log = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
     torch.manual_seed(0)
-    full, reference = fixture("full", log=log), fixture("retain", log=log)
-    data = splits()
-    base, tokenizer = load_model(full, torch.device("cpu"))
-    max_length = context_length(base, tokenizer)
-    sets = {"forget": RecordSet(data["forget"], tokenizer, max_length, 0, "forget"),
-            "retain": RecordSet(data["retain"][:100], tokenizer, max_length, 0, "retain")}
+    full, base, tokenizer, data, sets = loaded(log)
+    reference = fixture("retain", log=log)
     ref_model, ref_tokenizer = load_model(reference, torch.device("cpu"))
     assert ref_tokenizer.get_vocab() == tokenizer.get_vocab(), "the two fixtures must share one tokenizer"
     ref_tr = list(evaluate(ref_model, tokenizer, sets["forget"], None, None)["forget_truth_ratio_raw"].values())

@@ -17,13 +17,23 @@ def _value(section: dict | None, *path):
 def verdict(engine: dict, audit: dict) -> dict:
     """Forgotten when the stop rule fired and verbatim reproduction is gone, also after 4-bit quantisation."""
     reasons, evidence = [], []
-    alpha = engine["params"].get("alpha")
+    alpha = target_alpha(engine)
+    erasure = engine.get("erasure") or {}
     if engine["stop_reason"] == "alpha":
-        evidence.append(f"stop rule fired: V = {engine['final_violation_rate']:.3f} <= alpha = {alpha}")
+        source = (engine.get("alpha") or {}).get("source")
+        evidence.append(f"stop rule fired: V = {engine['final_violation_rate']:.3f} <= alpha = {alpha:.3f}"
+                        + (" (calibrated on theta_0)" if source == "auto" else ""))
     elif engine["stop_reason"] == "budget":  # a baseline: no stop rule, the verbatim evidence decides
         evidence.append(f"{engine.get('method', 'baseline')} ran its fixed budget of {engine['steps']} steps")
     else:
         reasons.append(f"the stop rule did not fire (stop reason {engine['stop_reason']})")
+    if erasure.get("applied"):
+        total = len(engine.get("per_record") or [])
+        if erasure.get("failing_ids"):
+            reasons.append(f"{len(erasure['failing_ids'])} of {total} records do not meet the per-record condition "
+                           f"(ids: {', '.join(erasure['failing_ids'][:10])})")
+        else:
+            evidence.append(f"every record ({total}) is below its ceiling and not reproduced by greedy decoding")
     if "error" in audit:
         reasons.append(f"the audit failed: {audit['error']}")
     else:
@@ -48,12 +58,20 @@ def verdict(engine: dict, audit: dict) -> dict:
             "evidence": evidence, "reasons": reasons}
 
 
+def target_alpha(engine: dict):
+    """The alpha the rule used: calibrated or given (engine 2), else the parameter (older results)."""
+    resolved = engine.get("alpha")
+    return resolved["value"] if isinstance(resolved, dict) else engine["params"].get("alpha")
+
+
 def build_report(job: Job, engine: dict, audit: dict, base: ModelVersion, new: ModelVersion | None,
                  worker: str, connectivity: dict | None = None) -> dict:
     report = {
         "job_id": job.id, "verdict": verdict(engine, audit),
         "stop_rule": {"stop_reason": engine["stop_reason"], "steps": engine["steps"],
-                      "alpha": engine["params"].get("alpha"), "final_violation_rate": engine["final_violation_rate"],
+                      "alpha": target_alpha(engine), "alpha_source": engine.get("alpha"),
+                      "erasure": engine.get("erasure"), "per_record": engine.get("per_record"),
+                      "final_violation_rate": engine["final_violation_rate"],
                       "v_trace": engine["v_trace"], "loss_trace": engine["loss_trace"],
                       "wall_seconds": engine["wall_seconds"], "validation": engine["validation"],
                       "flagged": engine["stop_reason"] == "max_steps"},

@@ -94,6 +94,26 @@ def _v(section, *path):
     return section.get("value") if isinstance(section, dict) else None
 
 
+def _target_line(stop: dict) -> str:
+    source = stop.get("alpha_source") or {}
+    if stop.get("alpha") is None:
+        return "none (fixed budget)"
+    where = {"auto": "calibrated on the base model's V on counterfactuals of the records",
+             "given": "given with the request"}.get(source.get("source"), "the request's parameter")
+    return f"alpha = {stop['alpha']:.3f}, {where}"
+
+
+def _erasure_line(stop: dict) -> str:
+    erasure, records = stop.get("erasure") or {}, stop.get("per_record") or []
+    if not erasure:
+        return "not part of this method"
+    if not erasure.get("applied"):
+        return "not applied (holdout mode: the mean over held-out records decides)"
+    failing = erasure.get("failing_ids") or []
+    return (f"{len(records) - len(failing)} of {len(records)} records below their ceiling and not reproduced"
+            + (f"; failing: {', '.join(failing[:10])}" if failing else ""))
+
+
 def render_report(report: dict) -> str:
     from service.report_mcu import mcu_section, render_connectivity_report  # it draws with this module's charts
 
@@ -105,7 +125,7 @@ def render_report(report: dict) -> str:
                          [e["v"] for e in stop["v_trace"] if e["stage"] == "trigger"]),
                         ("V (confirmed)", [e["step"] for e in checks], [e["v"] for e in checks])],
                        "Violation rate V on D_val against alpha",
-                       ("alpha = " + str(stop["alpha"]), stop["alpha"]) if stop["alpha"] is not None else None)
+                       (f"alpha = {stop['alpha']:.3f}", stop["alpha"]) if stop["alpha"] is not None else None)
     losses = stop["loss_trace"]
     loss = line_chart([(name, [p["step"] for p in losses], [p.get(name) for p in losses])
                        for name in ("total", "forget", "retain")], "Losses per step")
@@ -143,6 +163,8 @@ def render_report(report: dict) -> str:
         "Worker": f"{ev['worker']} on {ev['device']}", "Submitted": ev["created_at"], "Started": ev["started_at"],
         "Stop": f"{stop['stop_reason']} after {stop['steps']} steps, {stop['wall_seconds']:.1f} s"
                 + (" (flagged: hit max_steps)" if stop["flagged"] else ""),
+        "Stop target": _target_line(stop),
+        "Per-record condition": _erasure_line(stop),
         "Forget quality": _fmt(fq.get("value")) + (f" ({_e(fq['reason'])})" if fq.get("reason") else ""),
         "PrivLeak (LOSS)": _fmt(leak.get("value")) + (f" against {_e(leak['reference'])}" if leak.get("reference")
                                                       else f" ({_e(leak.get('reason', 'n/a'))})"),

@@ -97,6 +97,10 @@ def test_read_records_json_and_jsonl(tmp_path):
     ({"rho": -0.1}, None, "rho"), ({"k": 0}, None, "k"), ({"k": 2.5}, None, "k"), ({"gamma": 1}, None, "unknown parameter 'gamma'"),
     ({"alternatives": "oracle"}, None, "alternatives"), ({"eta": 0}, None, "eta"), ({"alpha": "high"}, None, "alpha"),
     ({}, "llama-9000", "unknown preset 'llama-9000'"), ({"max_steps": 0}, None, "max_steps"),
+    ({"alpha": "automatic"}, None, "alpha"), ({"record_ceiling": 0}, None, "record_ceiling"),
+    ({"record_ceiling": 1.5}, None, "record_ceiling"), ({"lora_targets": []}, None, "lora_targets"),
+    ({"lora_targets": ["auto", "q_proj"]}, None, "lora_targets"), ({"neighbour_share": 1.5}, None, "neighbour_share"),
+    ({"val_mode": "all"}, None, "val_mode"),
 ])
 def test_bad_parameters_are_refused_by_name(values, preset, message):
     with pytest.raises(EngineInputError, match=message):
@@ -107,9 +111,19 @@ def test_presets_carry_the_published_defaults_and_explicit_values_win():
     tofu = MascParams.from_dict({}, preset="tofu-llama2")
     assert (tofu.lambda_forget, tofu.rho, tofu.eta, tofu.k, tofu.alpha, tofu.lr, tofu.batch_size) == \
         (0.05, 0.7, 0.25, 10, 0.475, 1e-4, 2)
+    assert (tofu.retain_loss, tofu.lambda_retain) == ("nll", 0.0)  # the official TOFU run
     muse = MascParams.from_dict({"alpha": 0.5}, preset="muse-news")
     assert (muse.alternatives, muse.k, muse.delta, muse.beta, muse.rho, muse.alpha) == ("teacher", 2, 0.5, 5.0, 0.7, 0.5)
-    assert MascParams.from_dict({}, preset="qwen2.5-scaling") == MascParams()
+    scaling = MascParams.from_dict({}, preset="qwen2.5-scaling")
+    assert (scaling.lambda_forget, scaling.rho, scaling.eta, scaling.k, scaling.beta, scaling.alpha) == \
+        (0.1, 0.5, 0.5, 10, 1.0, 0.2)
+    # Our defaults: the published margin, a calibrated target and a gentler forget weight.
+    defaults = MascParams()
+    assert (defaults.alpha, defaults.record_ceiling, defaults.lora_targets, defaults.val_mode) == \
+        ("auto", "auto", "auto", "train")
+    assert (defaults.rho, defaults.eta, defaults.k, defaults.beta) == (scaling.rho, scaling.eta, scaling.k, scaling.beta)
     assert set(PRESETS) == {"qwen2.5-scaling", "tofu-llama2", "muse-news"}
-    cli_style = MascParams.from_dict({"k": "3", "hoeffding": "true", "lora_targets": "q_proj,v_proj"})
-    assert (cli_style.k, cli_style.hoeffding, cli_style.lora_targets) == (3, True, ["q_proj", "v_proj"])
+    cli_style = MascParams.from_dict({"k": "3", "hoeffding": "true", "lora_targets": "q_proj,v_proj", "alpha": "0.3"})
+    assert (cli_style.k, cli_style.hoeffding, cli_style.lora_targets, cli_style.alpha) == \
+        (3, True, ["q_proj", "v_proj"], 0.3)
+    assert MascParams.from_dict({"alpha": "auto", "lora_targets": "auto"}).alpha == "auto"

@@ -56,9 +56,9 @@ def test_endpoints_reproduce_the_versions_and_the_control_point_gets_gradient(ve
     a, b, tokenizer = two_models(versions)
     start, end = parameters_of(a), parameters_of(b)
     names = differing_names(start, end)
-    # LoRA on q/k/v/o: only those matrices moved.
-    assert names and all(n.endswith(("q_proj.weight", "k_proj.weight", "v_proj.weight", "o_proj.weight"))
-                         for n in names)
+    # LoRA on the attention and MLP projections: only those matrices moved.
+    assert names and all(n.endswith(("q_proj.weight", "k_proj.weight", "v_proj.weight", "o_proj.weight",
+                                     "gate_proj.weight", "up_proj.weight", "down_proj.weight")) for n in names)
     start = {n: start[n].clone() for n in names}
     control = ControlPoint(start, end, names, space, rank=4)
     with torch.no_grad():  # move theta_c off the midpoint, so the endpoints are tested with a real bend
@@ -224,9 +224,13 @@ def test_auto_space_is_lora_only_when_just_adapted_matrices_differ():
     from worker.engine.mcu.run import choose_space
 
     weights = {"model.layers.0.self_attn.q_proj.weight": torch.zeros(4, 4),
-               "model.layers.0.mlp.down_proj.weight": torch.zeros(4, 4), "model.norm.weight": torch.zeros(4)}
-    assert choose_space("auto", ["model.layers.0.self_attn.q_proj.weight"], weights) == "lora"
+               "model.layers.0.mlp.down_proj.weight": torch.zeros(4, 4), "model.norm.weight": torch.zeros(4),
+               "model.embed_tokens.weight": torch.zeros(8, 4)}
+    adaptable = {"model.layers.0.self_attn.q_proj", "model.layers.0.mlp.down_proj"}
+    assert choose_space("auto", ["model.layers.0.self_attn.q_proj.weight"], weights, adaptable) == "lora"
     assert choose_space("auto", ["model.layers.0.self_attn.q_proj.weight",
-                                 "model.layers.0.mlp.down_proj.weight"], weights) == "full"
-    assert choose_space("auto", ["model.norm.weight"], weights) == "full"
-    assert choose_space("full", ["model.layers.0.self_attn.q_proj.weight"], weights) == "full"
+                                 "model.layers.0.mlp.down_proj.weight"], weights, adaptable) == "lora"
+    assert choose_space("auto", ["model.layers.0.self_attn.q_proj.weight",
+                                 "model.embed_tokens.weight"], weights, adaptable) == "full"
+    assert choose_space("auto", ["model.norm.weight"], weights, adaptable) == "full"
+    assert choose_space("full", ["model.layers.0.self_attn.q_proj.weight"], weights, adaptable) == "full"

@@ -1,23 +1,32 @@
-"""The online stop rule driven by scripted V values."""
+"""The online stop rule driven by scripted measurements: the mean, the per-record condition, Hoeffding."""
 import math
 
 import pytest
 
-from worker.engine.stop_rule import OnlineStopRule, hoeffding_bound
+from worker.engine.stop_rule import ErasureCondition, OnlineStopRule, RecordCheck, hoeffding_bound, mean_violation
 
 
-def drive(rule, triggers, confirms, n=50, max_steps=100):
+def records(*violations, reproduced=()):
+    """RecordChecks r0, r1, ... with the given v_i (10 active tokens each); `reproduced`: their indices."""
+    return [RecordCheck(f"r{i}", v, 10, i in reproduced) for i, v in enumerate(violations)]
+
+
+def uniform(v, n=50):
+    return records(*([v] * n))
+
+
+def drive(rule, triggers, confirms, max_steps=100):
     """Step like the trainer: check when due, stop on the rule or at max_steps."""
     triggers, confirms = iter(triggers), iter(confirms)
     calls = {"confirm": 0}
 
     def confirm():
         calls["confirm"] += 1
-        return next(confirms), n
+        return next(confirms)
 
     step = 0
     while True:
-        if rule.due(step) and rule.check(step, lambda: (next(triggers), 8), confirm):
+        if rule.due(step) and rule.check(step, lambda: next(triggers), confirm):
             return "alpha", step, calls["confirm"]
         if step >= max_steps:
             return "max_steps", step, calls["confirm"]
@@ -27,24 +36,61 @@ def drive(rule, triggers, confirms, n=50, max_steps=100):
 def test_stops_at_first_confirmed_check_at_or_below_alpha():
     rule = OnlineStopRule(alpha=0.2, check_every=5)
     # trigger: high, high, passes (confirm fails), passes (confirm passes at exactly alpha)
-    reason, step, confirms = drive(rule, [0.9, 0.5, 0.1, 0.2, 0.0], [0.3, 0.2])
+    triggers = [uniform(v, 8) for v in (0.9, 0.5, 0.1, 0.2, 0.0)]
+    reason, step, confirms = drive(rule, triggers, [uniform(0.3), uniform(0.2)])
     assert (reason, step, confirms) == ("alpha", 15, 2)
     assert [e["stage"] for e in rule.trace] == ["trigger", "trigger", "trigger", "confirm", "trigger", "confirm"]
     assert rule.trace[3]["passed"] is False and rule.trace[-1]["passed"] is True
-    assert rule.latest_v == 0.2
+    assert rule.latest_v == pytest.approx(0.2) and rule.trace[-1]["n"] == 50
 
 
 def test_no_confirmation_while_the_trigger_is_above_alpha():
     rule = OnlineStopRule(alpha=0.2, check_every=1)
-    reason, step, confirms = drive(rule, [0.21] * 11, [], max_steps=10)
+    reason, step, confirms = drive(rule, [uniform(0.21, 8)] * 11, [], max_steps=10)
     assert (reason, step, confirms) == ("max_steps", 10, 0)
     assert len(rule.trace) == 11  # checks at steps 0..10
 
 
 def test_max_steps_is_a_safety_cap():
     rule = OnlineStopRule(alpha=0.2, check_every=4)
-    reason, step, confirms = drive(rule, [0.1] * 10, [0.5] * 10, max_steps=12)
+    reason, step, confirms = drive(rule, [uniform(0.1, 8)] * 10, [uniform(0.5)] * 10, max_steps=12)
     assert (reason, step, confirms) == ("max_steps", 12, 4)  # checks at 0, 4, 8, 12 all refuted
+
+
+def test_a_mean_that_passes_does_not_stop_while_one_record_is_above_its_ceiling():
+    # Mean 0.19 <= alpha 0.2, but r3 sits at 0.7 with ceiling 0.5: the mean hides it.
+    ceilings = {f"r{i}": 0.5 for i in range(4)}
+    rule = OnlineStopRule(alpha=0.2, check_every=1, condition=ErasureCondition(ceilings))
+    hidden = records(0.02, 0.02, 0.02, 0.7)
+    assert mean_violation(hidden) <= 0.2
+    fixed = records(0.1, 0.1, 0.1, 0.45)
+    reason, step, _ = drive(rule, [hidden, hidden, fixed], [fixed])
+    assert (reason, step) == ("alpha", 2)
+    assert rule.trace[0] == {"step": 0, "stage": "trigger", "v": pytest.approx(0.19), "n": 4, "passed": False,
+                             "failing_records": 1, "failing_ids": ["r3"]}
+    # Without the condition (the paper's rule) the same measurements stop at once.
+    plain = OnlineStopRule(alpha=0.2, check_every=1)
+    assert drive(plain, [hidden], [hidden])[:2] == ("alpha", 0)
+
+
+def test_a_record_that_greedy_decoding_reproduces_blocks_the_stop_whatever_its_violation():
+    condition = ErasureCondition({f"r{i}": 0.9 for i in range(3)})
+    rule = OnlineStopRule(alpha=0.5, check_every=1, condition=condition)
+    reproduced = records(0.0, 0.1, 0.2, reproduced=(0,))  # v = 0 yet every token is still the argmax
+    assert condition.failing(reproduced) == ["r0"]
+    reason, step, confirms = drive(rule, [reproduced, records(0.0, 0.1, 0.2), records(0.0, 0.1, 0.2)],
+                                   [records(0.0, 0.1, 0.2, reproduced=(2,)), records(0.0, 0.1, 0.2)],
+                                   max_steps=5)
+    # step 1: the trigger passes, the confirmation finds r2 reproduced; step 2 stops.
+    assert (reason, step, confirms) == ("alpha", 2, 2)
+    confirm_entries = [e for e in rule.trace if e["stage"] == "confirm"]
+    assert confirm_entries[0]["failing_ids"] == ["r2"] and confirm_entries[1]["passed"]
+
+
+def test_records_without_a_ceiling_are_held_to_no_reproduction_only():
+    condition = ErasureCondition({"r0": 0.1})
+    assert condition.failing(records(0.05, 0.99)) == []
+    assert condition.failing(records(0.2, 0.99, reproduced=(1,))) == ["r0", "r1"]
 
 
 def test_hoeffding_variant_requires_the_upper_bound_below_alpha():
@@ -55,7 +101,10 @@ def test_hoeffding_variant_requires_the_upper_bound_below_alpha():
     assert hoeffding_bound(0.1, n, delta, 2) > hoeffding_bound(0.1, n, delta, 1)  # delta_j shrinks
     rule = OnlineStopRule(alpha=0.2, check_every=1, hoeffding=True, delta=delta)
     # 0.15 passes the plain rule but not the bound; 0.05 passes both at n = 400.
-    reason, step, confirms = drive(rule, [0.15, 0.15, 0.05], [0.15, 0.15, 0.05], n=n)
+    sets = [uniform(v, n) for v in (0.15, 0.15, 0.05)]
+    reason, step, confirms = drive(rule, sets, sets)
     assert (reason, step, confirms) == ("alpha", 2, 3)
     assert [e["passed"] for e in rule.trace if e["stage"] == "confirm"] == [False, False, True]
     assert rule.trace[-1]["upper_bound"] == pytest.approx(hoeffding_bound(0.05, n, delta, 3))
+    # The mean the trainer aims for before the next confirmation is alpha less that confirmation's slack.
+    assert rule.mean_target(n) == pytest.approx(0.2 - (hoeffding_bound(0, n, delta, 4)))

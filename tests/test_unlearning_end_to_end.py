@@ -8,12 +8,13 @@ import torch
 
 from worker.engine.evaluate import exact_match
 from worker.engine.fixture import FixtureConfig, build_fixture
-from worker.engine.loading import load_model, save_model
+from worker.engine.loading import Policy, load_model, save_model
+from worker.engine.methods.masc import Masc
 from worker.engine.params import MascParams
 from worker.engine.records import collate, encode_records, normalise_records
 from worker.engine.unlearn import run_unlearning
 
-# The tiny fixture learns fast; 1e-3 keeps the run to about a hundred steps.
+# The tiny fixture learns fast; 1e-3 keeps a run to about a hundred steps where the defaults are not the point.
 FAST = dict(lr=1e-3, max_steps=400)
 
 
@@ -23,43 +24,70 @@ def encoded(tokenizer, records, what):
 
 @pytest.fixture(scope="module")
 def unlearned(fixture_model, forget_records, retain_records):
+    """A job with no parameters at all: the defaults decide everything."""
     steps = []
-    outcome = run_unlearning(str(fixture_model), forget_records, retain_records,
-                             params=MascParams.from_dict(FAST), progress=steps.append)
+    outcome = run_unlearning(str(fixture_model), forget_records, retain_records, progress=steps.append)
     return outcome, steps
 
 
-def test_fixture_memorises_and_masc_forgets_only_the_forget_set(fixture_model, unlearned, forget_records,
-                                                               retain_records):
+def test_defaults_erase_every_record_and_keep_the_rest(fixture_model, unlearned, forget_records, retain_records):
     base, tokenizer = load_model(fixture_model, torch.device("cpu"))
     forget, retain = encoded(tokenizer, forget_records, "forget"), encoded(tokenizer, retain_records, "retain")
-    before_forget = exact_match(base, tokenizer, forget)["value"]
+    assert exact_match(base, tokenizer, forget)["value"] == 1.0
     before_retain = exact_match(base, tokenizer, retain)["value"]
-    assert before_forget >= 0.9 and before_retain >= 0.9
     outcome, _ = unlearned
-    assert outcome.result["stop_reason"] == "alpha"
-    assert outcome.result["final_violation_rate"] <= 0.2
-    after_forget = exact_match(outcome.model, tokenizer, forget)["value"]
-    after_retain = exact_match(outcome.model, tokenizer, retain)["value"]
-    assert after_forget <= 0.1
-    assert after_retain >= 0.8 * before_retain
+    r = outcome.result
+    assert r["stop_reason"] == "alpha"
+    assert r["final_violation_rate"] <= r["alpha"]["value"]
+    # Every record was trained on and checked; none is reproduced, each is at or below its ceiling.
+    assert r["validation"] == {"mode": "train", "n_train": 10, "n_val": 10}
+    assert all(p["trained"] and p["meets_condition"] and not p["reproduced"] for p in r["per_record"])
+    assert all(p["violation"] <= p["ceiling"] for p in r["per_record"])
+    assert r["erasure"]["applied"] and r["erasure"]["failing_ids"] == []
+    after = exact_match(outcome.model, tokenizer, forget)
+    assert after["value"] == 0.0
+    assert exact_match(outcome.model, tokenizer, retain)["value"] >= 0.95 * before_retain
+    # LoRA found the architecture's projections on its own.
+    assert r["params"]["lora_targets"] == "auto"
+    assert set(r["lora"]["modules"]) == {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
+
+
+def test_auto_alpha_is_theta0_violation_on_the_records_counterfactuals(fixture_model, unlearned, forget_records):
+    """The calibrated target, recomputed by hand: theta_0's v on every perturbed completion, per record."""
+    outcome, _ = unlearned
+    r = outcome.result
+    assert r["alpha"]["source"] == "auto"
+    assert r["erasure"]["ceilings"]["by_source"] == {"perturbed_completions": len(forget_records)}
+    base, tokenizer = load_model(fixture_model, torch.device("cpu"))
+    policy = Policy(base, lora=True)  # adapters start at zero: exactly theta_0
+    masc = Masc(MascParams(), policy, tokenizer.pad_token_id)
+    expected = {}
+    for record in forget_records:
+        variants = [{"id": f"{record['id']}-{j}", "prompt": record["prompt"], "completion": c}
+                    for j, c in enumerate(record["perturbed_completions"])]
+        checks = masc.check_records(encoded(tokenizer, variants, "cf"), 16)
+        expected[record["id"]] = sum(c.violation for c in checks) / len(checks)
+    ceilings = {p["id"]: p["ceiling"] for p in r["per_record"]}
+    assert ceilings == pytest.approx(expected, abs=1e-6)
+    assert r["alpha"]["value"] == pytest.approx(sum(expected.values()) / len(expected), abs=1e-6)
+    assert r["initial_violation_rate"] > 0.9  # the base reproduces everything
 
 
 def test_result_records_the_run(unlearned, forget_records):
     outcome, steps = unlearned
     r = outcome.result
     assert r["steps"] == len(r["loss_trace"]) == len(steps) - 1 > 0
-    # A progress call each step, and a last one with the V the stop rule decided on.
+    # A progress call each step, and a last one with the V measured at the stop.
     assert [s["step"] for s in steps] == list(range(1, r["steps"] + 1)) + [r["steps"]]
-    assert steps[-1]["violation_rate"] == r["final_violation_rate"] <= 0.2
+    assert steps[-1]["violation_rate"] == r["final_violation_rate"]
     assert {"forget", "retain", "total"} <= set(steps[-1]["losses"])
     assert r["v_trace"][-1]["stage"] == "confirm" and r["v_trace"][-1]["passed"]
-    assert r["v_trace"][-1]["step"] == r["steps"]
-    assert r["validation"] == {"mode": "holdout", "n_train": 6, "n_val": 4}
-    assert r["params"]["lr"] == 1e-3 and r["seed"] == 0
+    assert r["v_trace"][-1]["step"] == r["steps"] and r["v_trace"][-1]["n"] == len(forget_records)
+    assert r["params"]["lr"] == 1e-4 and r["seed"] == 0
     assert r["versions"]["torch"] and r["versions"]["transformers"]
     assert r["peak_memory"]["bytes"] > 0 and r["wall_seconds"] > 0
     assert 0 < r["timing"]["stop_check_seconds"] < r["wall_seconds"]
+    assert r["neighbours"]["count"] > 0 and r["counts"] == {"forget": 10, "retain": 30, "holdout": 0}
     bound = r["bound"]
     assert [b["id"] for b in bound["per_record"]] == [f["id"] for f in forget_records]
     for b in bound["per_record"]:
@@ -67,6 +95,35 @@ def test_result_records_the_run(unlearned, forget_records):
     assert bound["aggregate"]["max_bound"] == max(b["bound"] for b in bound["per_record"])
     assert bound["aggregate"]["guaranteed"] is True
     json.dumps(r)  # serialisable as it stands
+
+
+def test_final_violation_rate_is_the_full_statistic_also_at_max_steps(fixture_model, forget_records,
+                                                                      retain_records):
+    outcome = run_unlearning(str(fixture_model), forget_records, retain_records,
+                             params=MascParams.from_dict({"max_steps": 7, "lr": 1e-3}))
+    r = outcome.result
+    assert r["stop_reason"] == "max_steps" and r["steps"] == 7
+    # Measured again here on the merged model: every record, not the last trigger's estimate.
+    policy = Policy(outcome.model, lora=False)
+    checks = Masc(MascParams(), policy, outcome.tokenizer.pad_token_id).check_records(
+        encoded(outcome.tokenizer, forget_records, "forget"), 16)
+    assert r["final_violation_rate"] == pytest.approx(sum(c.violation for c in checks) / len(checks), abs=1e-6)
+    assert [p["violation"] for p in r["per_record"]] == pytest.approx([c.violation for c in checks], abs=1e-6)
+    assert r["final_violation_rate"] != r["v_trace"][-1]["v"] or r["v_trace"][-1]["step"] == 7
+
+
+def test_holdout_mode_lists_the_records_never_trained(fixture_model, people):
+    forget = [r for p in people[:4] for r in p]  # 20 records: 4 held out
+    retain = [r for p in people[4:] for r in p]
+    outcome = run_unlearning(str(fixture_model), forget, retain,
+                             params=MascParams.from_dict({"val_mode": "holdout", "max_steps": 5, "lr": 1e-3}))
+    r = outcome.result
+    validation = r["validation"]
+    assert validation["mode"] == "holdout" and validation["n_val"] == 4 and validation["n_train"] == 16
+    assert len(validation["never_trained"]) == 4
+    untrained = {p["id"] for p in r["per_record"] if not p["trained"]}
+    assert untrained == set(validation["never_trained"])
+    assert not r["erasure"]["applied"]
 
 
 def test_saved_model_reloads_with_identical_logits_even_without_peft(unlearned, tmp_path, retain_records):
@@ -99,13 +156,16 @@ def test_cancellation_stops_cleanly_without_a_model(fixture_model, forget_record
     outcome = run_unlearning(str(fixture_model), forget_records, retain_records,
                              params=MascParams.from_dict(FAST), progress=calls.append,
                              should_cancel=lambda: len(calls) >= 3)
-    assert outcome.result["stop_reason"] == "cancelled"
-    assert outcome.result["steps"] == 3 and outcome.model is None and "bound" not in outcome.result
+    r = outcome.result
+    assert r["stop_reason"] == "cancelled"
+    assert r["steps"] == 3 and outcome.model is None
+    # Even a cancelled run reports the statistic measured where it stopped.
+    assert 0 <= r["final_violation_rate"] <= 1 and len(r["per_record"]) == len(forget_records)
 
 
-def test_small_forget_set_uses_train_mode_and_says_so(fixture_model, forget_records, retain_records):
+def test_small_forget_set_cannot_be_held_out_and_says_so(fixture_model, forget_records, retain_records):
     outcome = run_unlearning(str(fixture_model), forget_records[:5], retain_records,
-                             params=MascParams.from_dict(FAST))
+                             params=MascParams.from_dict({**FAST, "val_mode": "holdout"}))
     validation = outcome.result["validation"]
     assert validation["mode"] == "train" and validation["n_val"] == 5 and "too small" in validation["reason"]
     assert outcome.result["stop_reason"] == "alpha"

@@ -118,9 +118,9 @@ def _execute(job_id: str, work: dict, keeper: LeaseKeeper, settings) -> str:
             def progress(p):
                 keeper.latest_progress = {k: p[k] for k in ("step", "max_steps", "violation_rate", "losses")}
 
-            outcome = run_unlearning(str(source), work["forget"], work["retain"], params=params,
-                                     method=work["method"], device=settings.device, progress=progress,
-                                     should_cancel=keeper.should_stop)
+            outcome = run_unlearning(str(source), work["forget"], work["retain"], holdout=work["holdout"],
+                                     params=params, method=work["method"], device=settings.device,
+                                     progress=progress, should_cancel=keeper.should_stop)
             if keeper.lost.is_set():
                 return "lease lost"  # another worker owns the job now; write nothing
             location = f"jobs/{job_id}/model"

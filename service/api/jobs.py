@@ -23,9 +23,11 @@ from service.queue import enqueue
 from service.report_html import render_report
 from service.schemas import JobCreate, JobOut, Page
 from service.settings import get_settings
+from service.store import ArtifactStore
 from worker.engine.errors import EngineInputError
 from worker.engine.params import params_for
 from worker.engine.recordset import normalise_records
+from worker.engine.targets import check_requested, checkpoint_inventory
 
 router = APIRouter(prefix="/v1/unlearning-jobs", tags=["unlearning jobs"])
 log = logging.getLogger("lethe.api")
@@ -40,6 +42,15 @@ def checked_records(records, what: str, limit: int) -> list[dict] | None:
         return normalise_records(records, what, allow_empty=what != "forget")
     except EngineInputError as exc:
         raise invalid(str(exc), what) from None
+
+
+def check_targets(requested, location: str) -> None:
+    """Named LoRA targets must exist in the model: checked on the checkpoint's safetensors headers, without
+    loading it, where the store is on this machine (elsewhere the worker checks on the loaded model)."""
+    directory = ArtifactStore(get_settings().artifact_root).local_path(location)
+    inventory = checkpoint_inventory(directory) if directory is not None and directory.is_dir() else None
+    if inventory is not None:
+        check_requested(requested, *inventory)
 
 
 def send(payload: dict) -> None:
@@ -67,7 +78,8 @@ def submit(body: JobCreate, request: Request, who: Principal = Depends(require("
         retain = checked_records(body.retain, "retain", settings.max_records)
         holdout = checked_records(body.holdout, "holdout", settings.max_records)
         try:  # the engine's own rules, so a job never fails later on its parameters
-            params_for(body.method, body.params, preset=body.preset)
+            params = params_for(body.method, body.params, preset=body.preset)
+            check_targets(params.lora_targets, version.location)
         except EngineInputError as exc:
             raise invalid(str(exc), f"params.{exc.field}" if exc.field and exc.field != "preset" else exc.field) from None
         mcu = None

@@ -120,6 +120,8 @@ BAD_JOBS = [
     ("unknown method", {"method": "sorcery"}, 422, "/invalid-request"),
     ("baseline given a MASC parameter", {"method": "npo", "params": {"alpha": 0.2}}, 422, "/invalid-request"),
     ("baseline given a preset", {"method": "graddiff", "params": {}, "preset": "tofu-llama2"}, 422, "/invalid-request"),
+    ("alpha neither auto nor a number", {"params": {"alpha": "automatic"}}, 422, "/invalid-request"),
+    ("LoRA target the model lacks", {"params": {"lora_targets": ["c_attn"]}}, 422, "/invalid-request"),
 ]
 
 
@@ -137,6 +139,23 @@ def test_bad_job_requests_are_refused_and_create_nothing(client, registered_mode
     problem = answer.json()
     assert problem["type"].endswith(kind) and problem["status"] == status and problem["title"]
     assert count(Job) == before
+
+
+def test_a_missing_lora_target_is_refused_with_the_modules_the_model_has(client, registered_model, forget_records):
+    before = count(Job)
+    body = job_body(registered_model, forget_records, params={"lora_targets": ["q_proj", "c_attn"]})
+    answer = client.post("/v1/unlearning-jobs", headers=auth(), json=body)
+    assert answer.status_code == 422 and answer.headers["content-type"] == PROBLEM
+    problem = answer.json()
+    assert "no modules named ['c_attn']" in problem["detail"]
+    assert problem["errors"][0]["field"] == "params.lora_targets"
+    for name in ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"):
+        assert repr(name) in problem["detail"]
+    assert count(Job) == before
+    ok = client.post("/v1/unlearning-jobs", headers=auth(),
+                     json=job_body(registered_model, forget_records[:2], params={"lora_targets": "q_proj,v_proj",
+                                                                                  "max_steps": 1}))
+    assert ok.status_code == 202, ok.text
 
 
 def test_oversize_body_is_413(client, registered_model):

@@ -37,11 +37,16 @@ def build_parser() -> argparse.ArgumentParser:
     fixture.add_argument("--hidden-size", type=int, default=256)
     fixture.add_argument("--layers", type=int, default=4)
     fixture.add_argument("--vocab-size", type=int, default=2048)
+    fixture.add_argument("--arch", default="qwen2",
+                         help="any causal-LM model type of the installed transformers (gpt2, gpt_neox, llama, ...)")
+    fixture.add_argument("--split", default="auto", choices=["auto", "digits", "gpt2"],
+                         help="tokenizer pre-tokenisation: digits one by one, GPT-2's digit runs, or by arch")
 
     unlearn = commands.add_parser("unlearn", help="run MASC until its stop rule fires, or a baseline's budget")
     unlearn.add_argument("--model", required=True, help="a from_pretrained directory or hub id")
     unlearn.add_argument("--forget", required=True)
     unlearn.add_argument("--retain")
+    unlearn.add_argument("--holdout", help="records the model never saw: membership baseline and alpha calibration")
     unlearn.add_argument("--out", required=True)
     unlearn.add_argument("--preset")
     unlearn.add_argument("--method", default="masc")
@@ -87,7 +92,7 @@ def cmd_fixture(args) -> int:
     staging = prepare_out(out)
     try:
         cfg = FixtureConfig(seed=args.seed, epochs=args.epochs, hidden_size=args.hidden_size, layers=args.layers,
-                            vocab_size=args.vocab_size)
+                            vocab_size=args.vocab_size, arch=args.arch, split=args.split)
         summary = build_fixture(records, staging, cfg, log=lambda line: print(line, file=sys.stderr))
         commit_out(staging, out)
     finally:
@@ -109,6 +114,7 @@ def cmd_unlearn(args) -> int:
     params = params_for(args.method, values, preset=args.preset)
     forget = read_records(args.forget)
     retain = read_records(args.retain) if args.retain else []
+    holdout = read_records(args.holdout) if args.holdout else []
     out = Path(args.out)
     staging = prepare_out(out)
     try:
@@ -120,7 +126,7 @@ def cmd_unlearn(args) -> int:
             v = p["violation_rate"]
             bar.set_postfix(loss=f"{p['losses']['total']:.4f}", V="-" if v is None else f"{v:.3f}")
 
-        outcome = run_unlearning(args.model, forget, retain, params=params, method=args.method,
+        outcome = run_unlearning(args.model, forget, retain, holdout=holdout, params=params, method=args.method,
                                  device=args.device, progress=progress)
         bar.close()
         if outcome.model is not None:
@@ -130,7 +136,8 @@ def cmd_unlearn(args) -> int:
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     r = outcome.result
-    print(f"stop_reason={r['stop_reason']} steps={r['steps']} V={r['final_violation_rate']} "
+    alpha = (r.get("alpha") or {}).get("value")
+    print(f"stop_reason={r['stop_reason']} steps={r['steps']} V={r['final_violation_rate']} alpha={alpha} "
           f"wall_seconds={r['wall_seconds']:.1f} out={out}")
     return 0
 

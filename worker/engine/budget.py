@@ -16,7 +16,7 @@ from worker.engine.methods import METHODS
 from worker.engine.methods.masc import Masc
 from worker.engine.methods.rmu import trainable_modules
 from worker.engine.params import MascParams
-from worker.engine.records import batches, collate
+from worker.engine.records import collate
 from worker.engine.runtime import library_versions
 
 
@@ -24,7 +24,7 @@ def build_policy(model, params) -> Policy:
     if params.method != "rmu":
         return Policy(model, lora=params.lora, r=params.lora_r, alpha=params.lora_alpha,
                       dropout=params.lora_dropout, targets=params.lora_targets)
-    targets = trainable_modules(model.config, params)
+    targets = trainable_modules(model, params)
     if params.lora:
         return Policy(model, lora=True, r=params.lora_r, alpha=params.lora_alpha, dropout=params.lora_dropout,
                       targets=targets)
@@ -107,13 +107,11 @@ def run_budget(model_source: str, forget: list[dict], retain: list[dict] | None,
     }
     merged = None
     if stop_reason != "cancelled":
-        measured = []
-        with autocast(dev):
-            for batch in batches(forget_enc, params.eval_batch_size, pad):
-                v, counts = yardstick.sequence_violations(batch.to(dev))
-                measured += zip(v.tolist(), counts.int().tolist())
-        per_record = [{"id": r.id, "violation": v, "active_tokens": n} for r, (v, n) in zip(forget_enc, measured)]
-        result["final_violation_rate"] = sum(v for v, _ in measured) / len(measured)
+        checks = yardstick.check_records(forget_enc, params.eval_batch_size)
+        per_record = [{"id": c.id, "violation": c.violation, "active_tokens": c.active_tokens,
+                       "reproduced": c.reproduced} for c in checks]
+        result["final_violation_rate"] = sum(c.violation for c in checks) / len(checks)
+        result["per_record"] = per_record
         result["violation_yardstick"] = {"k": margin_params.k, "rho": margin_params.rho, "beta": margin_params.beta}
         result["bound"] = exact_reproduction_bound(margin_params.rho, margin_params.beta, per_record)
         merged = policy.merged()

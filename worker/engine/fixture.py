@@ -1,6 +1,7 @@
-"""Fixture models (SPEC section 10): a small Qwen2-architecture LM with a byte-level BPE tokenizer
-trained on the given records, trained until it has memorised their completions, saved with
-save_pretrained so that it loads through the same path as any Hugging Face model."""
+"""Fixture models (SPEC section 10): a small causal LM (Qwen2 by default, any family of the installed
+transformers with `arch`) with a byte-level BPE tokenizer trained on the given records, trained until
+it has memorised their completions, saved with save_pretrained so that it loads through the same path
+as any Hugging Face model."""
 from __future__ import annotations
 
 import json
@@ -11,8 +12,10 @@ from pathlib import Path
 
 import torch
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
-from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 
+from worker.engine.architectures import Size, tiny_config
+from worker.engine.errors import EngineInputError
 from worker.engine.loading import load_model
 from worker.engine.margin import active_positions, token_nll
 from worker.engine.records import batches, collate, encode_records, normalise_records
@@ -23,6 +26,9 @@ EOS = "<|endoftext|>"
 # qwen2 with its Qwen2Tokenizer, which rebuilds exactly this pipeline: a fixture trained with another
 # one would be tokenised differently after reloading than it was in training.
 QWEN2_SPLIT = r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
+# Families whose released tokenizers keep digit runs together (GPT-2's byte-level split); the others
+# split digits one by one as Qwen2 and Llama do. Fixtures of each kind give the engine both data shapes.
+GPT2_SPLIT_FAMILIES = {"gpt2", "gpt_neox", "gptj", "opt", "falcon", "bloom", "phi", "codegen", "gpt_neo", "gpt_bigcode"}
 TEXT_FIELDS = ("prompt", "completion", "text", "paraphrased_prompt", "paraphrased_completion")
 
 
@@ -37,16 +43,28 @@ class FixtureConfig:
     context: int = 512
     lr: float = 2e-3
     batch_size: int = 16
+    arch: str = "qwen2"  # any causal-LM model type of the installed transformers
+    split: str = "auto"  # pre-tokenisation: "digits" (Qwen2's), "gpt2" (digit runs kept), "auto" by arch
+
+    def pre_tokenisation(self) -> str:
+        if self.split != "auto":
+            return self.split
+        return "gpt2" if self.arch in GPT2_SPLIT_FAMILIES else "digits"
 
 
-def train_tokenizer(records: list[dict], vocab_size: int) -> PreTrainedTokenizerFast:
+def train_tokenizer(records: list[dict], vocab_size: int, split: str = "digits") -> PreTrainedTokenizerFast:
     texts = [r[f] for r in records for f in TEXT_FIELDS if isinstance(r.get(f), str)]
     texts += [t for r in records for t in r.get("perturbed_completions") or [] if isinstance(t, str)]
     bpe = Tokenizer(models.BPE())
     bpe.normalizer = normalizers.NFC()
-    bpe.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(QWEN2_SPLIT), behavior="isolated", invert=False),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    if split == "gpt2":  # GPT-2's own regex inside ByteLevel
+        bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    elif split == "digits":
+        bpe.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Split(Regex(QWEN2_SPLIT), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    else:
+        raise EngineInputError(f"split {split!r}: expected digits, gpt2 or auto", field="split")
     bpe.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[EOS], show_progress=False,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
@@ -54,13 +72,15 @@ def train_tokenizer(records: list[dict], vocab_size: int) -> PreTrainedTokenizer
     return PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token=EOS, pad_token=EOS)
 
 
-def build_model(tokenizer, cfg: FixtureConfig) -> Qwen2ForCausalLM:
-    config = Qwen2Config(
-        vocab_size=len(tokenizer), hidden_size=cfg.hidden_size, intermediate_size=cfg.hidden_size * 3,
-        num_hidden_layers=cfg.layers, num_attention_heads=cfg.heads, num_key_value_heads=max(1, cfg.heads // 2),
-        max_position_embeddings=cfg.context, tie_word_embeddings=True, attention_dropout=0.0,
-        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, bos_token_id=None)
-    return Qwen2ForCausalLM(config)
+def build_model(tokenizer, cfg: FixtureConfig):
+    """A randomly initialised model of the family `cfg.arch`, sized by `cfg`."""
+    size = Size(vocab_size=len(tokenizer), hidden_size=cfg.hidden_size, layers=cfg.layers, heads=cfg.heads,
+                kv_heads=max(1, cfg.heads // 2), intermediate_size=cfg.hidden_size * 3, context=cfg.context)
+    try:
+        config = tiny_config(cfg.arch, size, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    except ValueError as exc:
+        raise EngineInputError(f"arch {cfg.arch!r}: {str(exc).splitlines()[0]}", field="arch") from None
+    return AutoModelForCausalLM.from_config(config)
 
 
 def build_fixture(records: list[dict], out: str | Path, cfg: FixtureConfig | None = None,
@@ -73,7 +93,7 @@ def build_fixture(records: list[dict], out: str | Path, cfg: FixtureConfig | Non
     seed_everything(cfg.seed)
     started = time.perf_counter()
     tokenizer = train_tokenizer(normalise_records(tokenizer_records, "tokenizer") if tokenizer_records else records,
-                                cfg.vocab_size)
+                                cfg.vocab_size, cfg.pre_tokenisation())
     model = build_model(tokenizer, cfg)
     encoded = encode_records(records, tokenizer, max_length=cfg.context, seed=cfg.seed, what="fixture")
     optimiser = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
@@ -92,8 +112,8 @@ def build_fixture(records: list[dict], out: str | Path, cfg: FixtureConfig | Non
         correct = total = 0
         for start in range(0, len(order), cfg.batch_size):
             batch = collate(order[start:start + cfg.batch_size], pad)
-            z, y, _ = active_positions(model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits,
-                                       batch.labels)
+            logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False).logits
+            z, y, _ = active_positions(logits, batch.labels)
             loss = token_nll(z, y)
             correct += (z.argmax(-1) == y).sum().item()
             total += y.numel()
@@ -133,7 +153,7 @@ def memorised_fraction(model, encoded, pad: int) -> float:
     model.eval()
     hits = 0
     for batch in batches(encoded, 32, pad):
-        logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
+        logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False).logits
         right = (logits[:, :-1].argmax(-1) == batch.labels[:, 1:]) | (batch.labels[:, 1:] < 0)
         hits += right.all(dim=1).sum().item()
     model.train(was_training)

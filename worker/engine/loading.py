@@ -8,9 +8,11 @@ from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers.pytorch_utils import Conv1D
 from transformers.utils import logging as hf_logging
 
 from worker.engine.errors import EngineInputError
+from worker.engine.targets import ModuleInfo, Shape, block_index, resolve_targets, shape_from_config, suffixes
 
 
 def resolve_device(name: str | None) -> torch.device:
@@ -59,28 +61,89 @@ def context_length(model, tokenizer, requested: int = 0) -> int:
     return min(limits) if limits else 2048
 
 
+def module_inventory(model) -> tuple[list[ModuleInfo], Shape]:
+    """Every module of a live model with its kind and shape, and what the target rule needs to know."""
+    modules = []
+    for name, module in model.named_modules():
+        if isinstance(module, torch.nn.Linear):
+            # A subclass with its own forward (a grouped projection, say) breaks LoRA's y = Wx + BAx.
+            kind = "linear" if type(module).forward is torch.nn.Linear.forward else "other"
+            modules.append(ModuleInfo(name, kind, module.in_features, module.out_features))
+        elif isinstance(module, Conv1D):  # weight [in, out]
+            modules.append(ModuleInfo(name, "conv1d", module.weight.shape[0], module.weight.shape[1]))
+        elif isinstance(module, torch.nn.Embedding):
+            modules.append(ModuleInfo(name, "embedding", module.num_embeddings, module.embedding_dim))
+        elif name:
+            modules.append(ModuleInfo(name, "other"))
+    names = {id(module): name for name, module in model.named_modules()}
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    shape = shape_from_config(model.config.to_dict())
+    return modules, Shape(vocab_size=shape.vocab_size, expert_counts=shape.expert_counts,
+                          output_head=names.get(id(head), "") if head is not None else "",
+                          decoder_prefix=_decoder_prefix(model, names))
+
+
+def _decoder_prefix(model, names: dict) -> str:
+    """Where the language model sits when a wrapper also holds other towers (vision, audio)."""
+    try:
+        decoder = model.get_decoder()
+    except (AttributeError, NotImplementedError, ValueError):
+        return ""
+    if decoder is None or decoder is model or not any(block_index(n) is not None for n, _ in decoder.named_modules()):
+        return ""  # no wrapper, or "decoder" names something else (ModernBERT's output projection)
+    return names.get(id(decoder), "")
+
+
+def lora_modules(model, requested) -> list[str]:
+    """The full names of the modules LoRA adapts: found automatically ("auto") or as named. "auto" also
+    leaves out what peft knows an architecture cannot take (Mamba's out_proj and conv1d)."""
+    modules, shape = module_inventory(model)
+    chosen = resolve_targets(requested, modules, shape)
+    if requested == "auto":
+        chosen = [n for n in chosen if _peft_accepts(model, n.rsplit(".", 1)[-1])]
+    return chosen
+
+
+def _peft_accepts(model, suffix: str) -> bool:
+    try:  # peft's own per-architecture check (private, so guarded: without it every module is offered)
+        from peft import LoraConfig
+        from peft.tuners.tuners_utils import _check_lora_target_modules_mamba
+    except ImportError:
+        return True
+    try:
+        _check_lora_target_modules_mamba(LoraConfig(target_modules=[suffix]), model, suffix)
+    except ValueError:
+        return False
+    return True
+
+
 class Policy:
     """The model being unlearned, and pi_0: adapters disabled (LoRA) or a frozen copy (full)."""
 
     def __init__(self, model, *, lora: bool, r: int = 16, alpha: int = 32, dropout: float = 0.0,
-                 targets: list[str] | None = None):
+                 targets="auto"):
         self.lora = lora
+        self.adapted: list[str] = []
         if lora:
             from peft import LoraConfig, get_peft_model
 
-            names = [name for name, _ in model.named_modules()]
-            missing = [t for t in targets if not any(n == t or n.endswith("." + t) for n in names)]
-            if missing:
-                raise EngineInputError(f"lora_targets: the model has no modules named {missing}",
-                                       field="lora_targets")
-            config = LoraConfig(r=r, lora_alpha=alpha, lora_dropout=dropout, target_modules=list(targets),
-                                bias="none", task_type="CAUSAL_LM")
+            self.adapted = lora_modules(model, targets)
+            config = LoraConfig(r=r, lora_alpha=alpha, lora_dropout=dropout, target_modules=self.adapted,
+                                bias="none", task_type="CAUSAL_LM",
+                                fan_in_fan_out=_mostly_conv1d(model, self.adapted))
             self.model = get_peft_model(model, config)
             self.frozen = None
         else:
             self.model = model
             self.frozen = copy.deepcopy(model).requires_grad_(False).eval()
         self.model.eval()
+
+    def describe(self) -> dict:
+        """What was adapted, for the result: module kinds by name and how many."""
+        if not self.lora:
+            return {"mode": "full"}
+        return {"mode": "lora", "modules": suffixes(self.adapted), "count": len(self.adapted),
+                "trainable_parameters": sum(p.numel() for p in self.trainable_parameters())}
 
     def restrict_training(self, module_suffixes: list[str]) -> None:
         """Full mode: train only the named modules (RMU updates a few MLP projections)."""
@@ -89,7 +152,8 @@ class Policy:
             parameter.requires_grad_(name.rsplit(".", 1)[0] in keep)
 
     def outputs(self, batch):
-        return self.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, output_hidden_states=True)
+        return self.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, output_hidden_states=True,
+                          use_cache=False)
 
     @torch.no_grad()
     def reference_outputs(self, batch):
@@ -99,7 +163,7 @@ class Policy:
         return [p for p in self.model.parameters() if p.requires_grad]
 
     def logits(self, batch) -> torch.Tensor:
-        return self.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
+        return self.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False).logits
 
     @torch.no_grad()
     def reference_logits(self, batch) -> torch.Tensor:
@@ -108,7 +172,7 @@ class Policy:
 
     def _reference(self, batch, **kwargs):
         """pi_0's forward pass: adapters disabled (LoRA) or the frozen copy (full)."""
-        kwargs.update(input_ids=batch.input_ids, attention_mask=batch.attention_mask)
+        kwargs.update(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False)
         if self.lora:
             with self.model.disable_adapter():
                 return self.model(**kwargs)
@@ -118,6 +182,12 @@ class Policy:
         """The plain transformers model with any LoRA update merged in (the policy is spent after)."""
         self.frozen = None
         return self.model.merge_and_unload() if self.lora else self.model
+
+
+def _mostly_conv1d(model, names: list[str]) -> bool:
+    """Conv1D stores its weight transposed; peft corrects a wrong guess per module, with a warning."""
+    kinds = dict(model.named_modules())
+    return sum(isinstance(kinds[n], Conv1D) for n in names) * 2 > len(names)
 
 
 def save_model(model, tokenizer, directory: Path) -> None:

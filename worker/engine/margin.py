@@ -70,6 +70,13 @@ def sequence_violation(margin: torch.Tensor, rows: torch.Tensor, n_rows: int, ta
     return sequence_means((margin > tau_value).float(), rows, n_rows)
 
 
+def sequence_reproduced(logits: torch.Tensor, targets: torch.Tensor, rows: torch.Tensor, n_rows: int) -> torch.Tensor:
+    """r_i: True where every active token of sequence i is the argmax under teacher forcing, i.e. exactly
+    where greedy decoding gives the sequence back word for word."""
+    hits = (logits.argmax(-1) == targets).float()
+    return sequence_means(hits, rows, n_rows) >= 1.0
+
+
 def masked_kl(ref_logits: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
     """Token-mean KL(pi_0 || pi_theta) over the full vocabulary, on active rows [N, V] only."""
     log_p = F.log_softmax(logits.float(), dim=-1)

@@ -32,8 +32,8 @@ def relearning_probe(model, tokenizer, forget: list[EncodedRecord], references: 
     points, rng = [measure(0)], random.Random(seed)
     for step in range(1, max(budgets) + 1):
         batch = collate(rng.sample(train, min(batch_size, len(train))), tokenizer.pad_token_id).to(device)
-        z, y, _ = active_positions(clone(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits,
-                                   batch.labels)
+        logits = clone(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False).logits
+        z, y, _ = active_positions(logits, batch.labels)
         loss = token_nll(z, y)
         optimiser.zero_grad(set_to_none=True)
         loss.backward()

@@ -1,7 +1,18 @@
-"""MASC's online stop rule (SPEC section 3): a cheap trigger, then a confirmation on D_val.
+"""MASC's online stop rule (SPEC section 3) with a per-record erasure condition.
 
-The rule only decides; the caller measures. `check` takes two callables so that a scripted sequence
-of V values drives it exactly as the trainer's measurements do.
+The rule stops at the first confirmation where, measured on every record of D_val,
+
+    V = mean_i v_i <= alpha                      (the mean, as in the MASC paper; or its Hoeffding bound)
+    and, for every record i:  v_i <= c_i         (no record more dominant than text it never saw)
+                       and    r_i = 0            (greedy decoding does not give the record back)
+
+v_i is the share of record i's active tokens with a restricted margin above tau; c_i its ceiling
+(worker.engine.calibration); r_i = 1 when every active token is the model's argmax under teacher forcing,
+which holds exactly when greedy decoding reproduces the record word for word. A mean can pass while one
+record is still reproduced; the per-record terms make that impossible at the stop.
+
+The rule only decides; the caller measures. `check` takes two callables so that scripted measurements
+drive it exactly as the trainer's do.
 """
 from __future__ import annotations
 
@@ -9,11 +20,41 @@ import math
 from dataclasses import dataclass, field
 from typing import Callable
 
+FAILING_IDS_SHOWN = 20  # a trace entry names at most this many failing records (and counts them all)
+
+
+@dataclass(frozen=True)
+class RecordCheck:
+    id: str
+    violation: float  # v_i
+    active_tokens: int  # L_i
+    reproduced: bool  # greedy decoding gives back every active token
+
+
+@dataclass
+class ErasureCondition:
+    """The per-record part of the rule. `ceilings`: c_i by record id (a record without one has none)."""
+    ceilings: dict[str, float]
+
+    def holds(self, check: RecordCheck) -> bool:
+        return not check.reproduced and check.violation <= self.ceilings.get(check.id, 1.0)
+
+    def failing(self, checks: list[RecordCheck]) -> list[str]:
+        return [c.id for c in checks if not self.holds(c)]
+
 
 def hoeffding_bound(v: float, n: int, delta: float, j: int) -> float:
     """Upper confidence bound V + sqrt(log(1/delta_j) / 2n), delta_j = 6 delta / (pi^2 j^2)."""
+    return v + hoeffding_slack(n, delta, j)
+
+
+def hoeffding_slack(n: int, delta: float, j: int) -> float:
     delta_j = 6 * delta / (math.pi ** 2 * j ** 2)
-    return v + math.sqrt(math.log(1 / delta_j) / (2 * n))
+    return math.sqrt(math.log(1 / delta_j) / (2 * n))
+
+
+def mean_violation(checks: list[RecordCheck]) -> float:
+    return sum(c.violation for c in checks) / len(checks)
 
 
 @dataclass
@@ -22,8 +63,10 @@ class OnlineStopRule:
     check_every: int
     hoeffding: bool = False
     delta: float = 0.05
+    condition: ErasureCondition | None = None  # None: the mean alone (holdout mode, as in the paper)
     trace: list[dict] = field(default_factory=list)
     confirmations: int = 0
+    last_confirmed: list[RecordCheck] | None = None
 
     def due(self, step: int) -> bool:
         return step % self.check_every == 0
@@ -32,20 +75,42 @@ class OnlineStopRule:
     def latest_v(self) -> float | None:
         return self.trace[-1]["v"] if self.trace else None
 
-    def check(self, step: int, trigger: Callable[[], tuple[float, int]],
-              confirm: Callable[[], tuple[float, int]]) -> bool:
-        """Run the trigger; when it is <= alpha, confirm on D_val. True: stop here."""
-        v, n = trigger()
-        self.trace.append({"step": step, "stage": "trigger", "v": v, "n": n, "passed": v <= self.alpha})
-        if v > self.alpha:
+    def mean_target(self, n: int) -> float:
+        """The V the mean must reach: alpha, less the Hoeffding slack of the next confirmation."""
+        if not self.hoeffding:
+            return self.alpha
+        return self.alpha - hoeffding_slack(n, self.delta, self.confirmations + 1)
+
+    def passes(self, checks: list[RecordCheck]) -> tuple[bool, float, list[str]]:
+        v = mean_violation(checks)
+        failing = self.condition.failing(checks) if self.condition else []
+        return v <= self.alpha and not failing, v, failing
+
+    def check(self, step: int, trigger: Callable[[], list[RecordCheck]],
+              confirm: Callable[[], list[RecordCheck]]) -> bool:
+        """A cheap trigger (a sample, or the latest per-record measurements); when it passes, a
+        confirmation on all of D_val. True: stop here."""
+        sample = trigger()
+        ok, v, failing = self.passes(sample)
+        self.trace.append(_entry(step, "trigger", v, len(failing), failing, ok, n=len(sample)))
+        if not ok:
             return False
-        v, n = confirm()
+        checks = confirm()
         self.confirmations += 1
-        entry = {"step": step, "stage": "confirm", "v": v, "n": n}
-        statistic = v
+        self.last_confirmed = checks
+        v = mean_violation(checks)
+        failing = self.condition.failing(checks) if self.condition else []
+        statistic = hoeffding_bound(v, len(checks), self.delta, self.confirmations) if self.hoeffding else v
+        passed = statistic <= self.alpha and not failing
+        entry = _entry(step, "confirm", v, len(failing), failing, passed, n=len(checks))
         if self.hoeffding:
-            statistic = hoeffding_bound(v, n, self.delta, self.confirmations)
             entry["upper_bound"] = statistic
-        entry["passed"] = statistic <= self.alpha
         self.trace.append(entry)
-        return entry["passed"]
+        return passed
+
+
+def _entry(step: int, stage: str, v: float, n_failing: int, failing: list[str], passed: bool, n: int) -> dict:
+    entry = {"step": step, "stage": stage, "v": v, "n": n, "passed": passed, "failing_records": n_failing}
+    if failing:
+        entry["failing_ids"] = failing[:FAILING_IDS_SHOWN]
+    return entry

@@ -1,6 +1,7 @@
 """The unlearning loop: train until the online stop rule fires, then merge and hand back the model.
 
-Read top to bottom: prepare data, build the policy, loop (check, step), measure, report.
+Read top to bottom: prepare data, build the policy, calibrate the rule's targets on theta_0, loop
+(check, step on the records the rule still finds dominant), measure, report.
 """
 from __future__ import annotations
 
@@ -13,15 +14,19 @@ from typing import Callable
 import torch
 
 from worker.engine.bound import exact_reproduction_bound
+from worker.engine.calibration import calibrate
 from worker.engine.errors import EngineInputError
 from worker.engine.loading import Policy, autocast, context_length, load_model, resolve_device
 from worker.engine.methods import METHODS
+from worker.engine.neighbours import RetainSampler, nearest, neighbour_scores
 from worker.engine.params import MascParams
-from worker.engine.records import EncodedRecord, batches, collate, encode_records, normalise_records
+from worker.engine.records import EncodedRecord, collate, encode_record, encode_records, normalise_records
 from worker.engine.runtime import PeakMemory, library_versions, seed_everything
-from worker.engine.stop_rule import OnlineStopRule
+from worker.engine.stop_rule import ErasureCondition, OnlineStopRule, RecordCheck, mean_violation
 
-ENGINE_VERSION = "1"
+ENGINE_VERSION = "2"
+CONDITION = ("stop when V = mean_i v_i <= alpha and, for every forget record i, v_i <= c_i (its ceiling) and "
+             "greedy decoding does not reproduce it (some active token is not the argmax)")
 
 
 @dataclass
@@ -40,6 +45,7 @@ class Prepared:
     tokenizer: object
     forget: list[EncodedRecord]
     retain: list[EncodedRecord]
+    max_length: int
 
 
 def prepare(model_source: str, forget: list[dict], retain: list[dict] | None, params, device) -> Prepared:
@@ -52,31 +58,62 @@ def prepare(model_source: str, forget: list[dict], retain: list[dict] | None, pa
     started = time.perf_counter()
     model, tokenizer = load_model(model_source, dev)
     max_length = context_length(model, tokenizer, params.max_length)
-    encode = lambda records, what: encode_records(records, tokenizer, max_length=max_length,  # noqa: E731
-                                                  seed=params.seed, what=what)
-    return Prepared(dev, memory, started, model, tokenizer, encode(forget, "forget"), encode(retain, "retain"))
+
+    def encode(records, what):
+        return encode_records(records, tokenizer, max_length=max_length, seed=params.seed, what=what)
+
+    return Prepared(dev, memory, started, model, tokenizer, encode(forget, "forget"), encode(retain, "retain"),
+                    max_length)
 
 
 def split_validation(forget: list[EncodedRecord], params: MascParams) -> tuple[list, list, dict]:
-    """D_val: a seeded holdout of the forget set, or the training forget set when it is too small."""
+    """D_val: every forget record (train mode, the default), or a seeded holdout kept out of training."""
     n = len(forget)
+    if params.val_mode == "train":
+        return forget, forget, {"mode": "train", "n_train": n, "n_val": n}
     n_val = max(params.holdout_min, round(params.holdout_fraction * n))
-    if params.val_mode == "holdout" and n - n_val >= params.holdout_min:
+    if n - n_val >= params.holdout_min:
         order = list(range(n))
         random.Random(params.seed).shuffle(order)
         val = [forget[i] for i in sorted(order[:n_val])]
         train = [forget[i] for i in sorted(order[n_val:])]
-        return train, val, {"mode": "holdout", "n_train": len(train), "n_val": len(val)}
-    info = {"mode": "train", "n_train": n, "n_val": n}
-    if params.val_mode == "holdout":
-        info["reason"] = (f"forget set of {n} records is too small to hold out {n_val} and keep "
-                          f"{params.holdout_min} for training; D_val is the training forget set")
-    return forget, forget, info
+        return train, val, {"mode": "holdout", "n_train": len(train), "n_val": len(val),
+                            "never_trained": [r.id for r in val]}
+    return forget, forget, {"mode": "train", "n_train": n, "n_val": n,
+                            "reason": f"forget set of {n} records is too small to hold out {n_val} and keep "
+                                      f"{params.holdout_min} for training; D_val is the training forget set"}
+
+
+class ForgetStream:
+    """Forget batches from the records the rule still finds dominant ("open"), each open record once per
+    pass in a seeded order. A record that meets the rule gets no more forget gradient, so nothing is
+    suppressed further than the request needs."""
+
+    def __init__(self, records: list[EncodedRecord], batch_size: int, rng: random.Random):
+        self.records, self.batch_size, self.rng = records, batch_size, rng
+        self.pending: list[EncodedRecord] = []
+
+    def next(self, is_open: Callable[[str], bool]) -> list[EncodedRecord]:
+        batch: list[EncodedRecord] = []
+        refilled = False
+        while len(batch) < self.batch_size:
+            if not self.pending:
+                if refilled:
+                    break
+                self.pending = [r for r in self.records if is_open(r.id)]
+                self.rng.shuffle(self.pending)
+                refilled = True
+                if not self.pending:
+                    break
+            record = self.pending.pop()
+            if is_open(record.id) and record not in batch:
+                batch.append(record)
+        return batch
 
 
 def run_unlearning(model_source: str, forget: list[dict], retain: list[dict] | None = None, *,
-                   params: MascParams | None = None, method: str = "masc", device: str | None = None,
-                   progress: Callable[[dict], None] | None = None,
+                   holdout: list[dict] | None = None, params: MascParams | None = None, method: str = "masc",
+                   device: str | None = None, progress: Callable[[dict], None] | None = None,
                    should_cancel: Callable[[], bool] | None = None) -> UnlearnOutcome:
     if method not in METHODS:
         raise EngineInputError(f"unknown method {method!r}; known: {', '.join(METHODS)}", field="method")
@@ -91,53 +128,65 @@ def run_unlearning(model_source: str, forget: list[dict], retain: list[dict] | N
                           should_cancel=should_cancel)
     params = params or MascParams()
     params.validate()
+    holdout = normalise_records(holdout or [], "holdout", allow_empty=True)
     run = prepare(model_source, forget, retain, params, device)
-    dev, memory, started, model, tokenizer = run.device, run.memory, run.started, run.model, run.tokenizer
+    dev, memory, started, tokenizer = run.device, run.memory, run.started, run.tokenizer
     forget_enc, retain_enc = run.forget, run.retain
     train_set, val_set, val_info = split_validation(forget_enc, params)
-    policy = Policy(model, lora=params.lora, r=params.lora_r, alpha=params.lora_alpha,
+    policy = Policy(run.model, lora=params.lora, r=params.lora_r, alpha=params.lora_alpha,
                     dropout=params.lora_dropout, targets=params.lora_targets)
     algo = METHODS[method](params, policy, tokenizer.pad_token_id)
+    pad, rng = tokenizer.pad_token_id, random.Random(params.seed)
+
+    def measure(records: list[EncodedRecord]) -> list[RecordCheck]:
+        return algo.check_records(records, params.eval_batch_size)
+
+    # theta_0 (no step taken yet): the rule's targets, and every record's starting state.
+    t0 = time.perf_counter()
+    calibration = calibrate(params.alpha, params.record_ceiling, [r.source for r in forget_enc],
+                            [r.source for r in retain_enc], holdout, params.seed,
+                            lambda records: [c.violation for c in measure(_encodable(records, tokenizer, run.max_length,
+                                                                                      params.seed))])
+    latest: dict[str, RecordCheck] = {c.id: c for c in measure(forget_enc)}
+    initial_v = mean_violation(list(latest.values()))
+    calibration_seconds = time.perf_counter() - t0
+    train_mode = val_info["mode"] == "train"
+    condition = ErasureCondition(calibration.ceilings) if train_mode else None
+    rule = OnlineStopRule(calibration.alpha, params.check_every, params.hoeffding, params.hoeffding_delta, condition)
+    confirm_set = val_set[:params.confirm_size] if params.confirm_size else val_set
+
+    def is_open(rid: str) -> bool:
+        """Still to be trained: the record fails its own condition, or the mean does and it lies above it."""
+        if not train_mode:
+            return True
+        check = latest[rid]
+        if not condition.holds(check):
+            return True
+        target = rule.mean_target(len(confirm_set))
+        return mean_violation(list(latest.values())) > target and check.violation > target
+
+    def trigger() -> list[RecordCheck]:
+        if train_mode:  # the latest state of every record, kept current by the training passes: free
+            return list(latest.values())
+        sample = confirm_set if len(confirm_set) <= params.trigger_size else rng.sample(confirm_set,
+                                                                                        params.trigger_size)
+        return measure(sample)
+
+    def confirm() -> list[RecordCheck]:
+        checks = measure(confirm_set)
+        if train_mode:
+            latest.update({c.id: c for c in checks})
+        return checks
+
+    scores = neighbour_scores(forget_enc, retain_enc) if retain_enc else []
+    neighbours = nearest(scores, params.neighbour_fraction) if retain_enc else []
+    sampler = RetainSampler(retain_enc, neighbours, params.neighbour_share, rng) if retain_enc else None
+    retain_rows = params.retain_batch_size or params.batch_size
     optimiser = torch.optim.AdamW(policy.trainable_parameters(), lr=params.lr, weight_decay=params.weight_decay)
-    rule = OnlineStopRule(params.alpha, params.check_every, params.hoeffding, params.hoeffding_delta)
-    pad = tokenizer.pad_token_id
-    rng = random.Random(params.seed)
+    stream = ForgetStream(train_set, params.batch_size, rng)
 
-    def violations(records: list[EncodedRecord]) -> list[tuple[float, int]]:
-        out = []
-        with autocast(dev):
-            for batch in batches(records, params.eval_batch_size, pad):
-                v, counts = algo.sequence_violations(batch.to(dev))
-                out += zip(v.tolist(), counts.int().tolist())
-        return out
-
-    def mean_violation(records):
-        per_record = violations(records)
-        return sum(v for v, _ in per_record) / len(per_record), len(per_record)
-
-    confirm_set = val_set[:params.confirm_size]
-    last_trigger: dict = {}
-
-    def trigger():
-        sample = (confirm_set if len(confirm_set) <= params.trigger_size
-                  else rng.sample(confirm_set, params.trigger_size))
-        last_trigger.update(covers_all=sample is confirm_set, value=mean_violation(sample))
-        return last_trigger["value"]
-
-    def confirm():
-        # A trigger that already covered the whole confirmation set needs no second pass.
-        return last_trigger["value"] if last_trigger["covers_all"] else mean_violation(confirm_set)
-
-    def forget_batches():
-        while True:
-            order = train_set[:]
-            rng.shuffle(order)
-            for start in range(0, len(order), params.batch_size):
-                yield order[start:start + params.batch_size]
-
-    forget_stream = forget_batches()
     loop_started = time.perf_counter()
-    step, check_seconds, loss_trace, stop_reason = 0, 0.0, [], None
+    step, check_seconds, loss_trace, stop_reason, repair_steps = 0, 0.0, [], None, 0
     while True:
         if rule.due(step):
             t0 = time.perf_counter()
@@ -146,16 +195,24 @@ def run_unlearning(model_source: str, forget: list[dict], retain: list[dict] | N
             if stop:
                 stop_reason = "alpha"
                 break
+        chosen = stream.next(is_open)
         if step >= params.max_steps:
             stop_reason = "max_steps"
             break
         if should_cancel is not None and should_cancel():
             stop_reason = "cancelled"
             break
-        forget_batch = collate(next(forget_stream), pad).to(dev)
-        retain_batch = (collate(rng.choices(retain_enc, k=len(forget_batch)), pad).to(dev) if retain_enc else None)
+        if not chosen and sampler is None:
+            chosen = train_set[:params.batch_size]  # nothing open and no retain set to repair until the check
+        forget_batch = collate(chosen, pad).to(dev) if chosen else None
+        repair_steps += forget_batch is None
+        retain_batch = collate(sampler.sample(retain_rows), pad).to(dev) if sampler else None
         with autocast(dev):
             loss, parts = algo.loss(forget_batch, retain_batch)
+        if forget_batch is not None and algo.last_forget_measurement is not None:
+            v, counts, reproduced = algo.last_forget_measurement
+            for record, vi, n, ri in zip(chosen, v.tolist(), counts.tolist(), reproduced.tolist()):
+                latest[record.id] = RecordCheck(record.id, float(vi), int(n), bool(ri))
         optimiser.zero_grad(set_to_none=True)
         loss.backward()
         if params.grad_clip:
@@ -164,35 +221,72 @@ def run_unlearning(model_source: str, forget: list[dict], retain: list[dict] | N
         step += 1
         if not math.isfinite(parts["total"]):
             raise FloatingPointError(f"loss became {parts['total']} at step {step}")
-        loss_trace.append({"step": step, **parts})
+        loss_trace.append({"step": step, **parts, "open_records": len(chosen)})
         if progress is not None:
             progress({"step": step, "max_steps": params.max_steps, "losses": parts,
                       "violation_rate": rule.latest_v, "elapsed": time.perf_counter() - started})
     loop_seconds = time.perf_counter() - loop_started
-    if progress is not None and stop_reason != "cancelled":
-        # One more report, so that the last V a client sees is the one the stop rule decided on.
-        last_losses = {k: v for k, v in (loss_trace[-1] if loss_trace else {}).items() if k != "step"}
-        progress({"step": step, "max_steps": params.max_steps, "losses": last_losses,
-                  "violation_rate": rule.latest_v, "elapsed": time.perf_counter() - started})
 
+    # The full statistic at the stop, whatever ended the run: the deciding confirmation when the rule
+    # fired (same weights), else a fresh measurement of every record.
+    final_checks = rule.last_confirmed if stop_reason == "alpha" else None
+    if final_checks is None or {c.id for c in final_checks} != {r.id for r in forget_enc}:
+        final_checks = measure(forget_enc)
+    by_id = {c.id: c for c in final_checks}
+    val_checks = [by_id[r.id] for r in val_set]
+    final_v = mean_violation(val_checks)
+    if progress is not None and stop_reason != "cancelled":
+        # One more report, so that the last V a client sees is the one measured at the stop.
+        last_losses = {k: v for k, v in (loss_trace[-1] if loss_trace else {}).items()
+                       if k not in ("step", "open_records")}
+        progress({"step": step, "max_steps": params.max_steps, "losses": last_losses,
+                  "violation_rate": final_v, "elapsed": time.perf_counter() - started})
+    never_trained = set(val_info.get("never_trained", []))
+    erasure = ErasureCondition(calibration.ceilings)
+    per_record = [{"id": c.id, "violation": c.violation, "ceiling": calibration.ceilings[c.id],
+                   "reproduced": c.reproduced, "active_tokens": c.active_tokens, "meets_condition": erasure.holds(c),
+                   "trained": c.id not in never_trained} for c in (by_id[r.id] for r in forget_enc)]
+    failing = [r["id"] for r in per_record if not r["meets_condition"]]
     result = {
         "engine_version": ENGINE_VERSION, "method": method, "model": str(model_source), "device": str(dev),
-        "stop_reason": stop_reason, "steps": step, "final_violation_rate": rule.latest_v,
+        "stop_reason": stop_reason, "steps": step, "final_violation_rate": final_v,
+        "initial_violation_rate": initial_v, "alpha": calibration.summary["alpha"],
+        "erasure": {"condition": CONDITION if train_mode else "holdout mode: the mean over D_val alone (the MASC "
+                                                                "paper's rule); the per-record state is reported",
+                    "applied": train_mode, "ceilings": calibration.summary["ceilings"],
+                    "holdout_v": calibration.summary.get("holdout_v"),
+                    "records_meeting_condition": len(per_record) - len(failing), "failing_ids": failing,
+                    "reproduced_ids": [r["id"] for r in per_record if r["reproduced"]]},
+        "per_record": per_record,
         "v_trace": rule.trace, "loss_trace": loss_trace, "validation": val_info,
-        "counts": {"forget": len(forget_enc), "retain": len(retain_enc)},
+        "counts": {"forget": len(forget_enc), "retain": len(retain_enc), "holdout": len(holdout)},
+        "neighbours": {"count": len(neighbours), "share_of_retain_rows": params.neighbour_share if neighbours else 0,
+                       "ids": [retain_enc[j].id for j in neighbours]},
+        "repair_steps": repair_steps, "lora": policy.describe(),
         "retain_term": "none (no retain records)" if not retain_enc else params.retain_loss,
         "truncated": [{"id": r.id, "dropped_prompt_tokens": r.truncated_tokens}
                       for r in forget_enc + retain_enc if r.truncated_tokens],
         "seed": params.seed, "params": params.as_dict(), "versions": library_versions(),
     }
-    merged = None
-    if stop_reason != "cancelled":
-        per_record = [{"id": r.id, "violation": v, "active_tokens": n}
-                      for r, (v, n) in zip(forget_enc, violations(forget_enc))]
-        result["bound"] = exact_reproduction_bound(params.rho, params.beta, per_record)
-        merged = policy.merged()
+    result["bound"] = exact_reproduction_bound(
+        params.rho, params.beta, [{"id": r["id"], "violation": r["violation"], "active_tokens": r["active_tokens"]}
+                                  for r in per_record])
+    merged = policy.merged() if stop_reason != "cancelled" else None
     result["timing"] = {"wall_seconds": time.perf_counter() - started, "load_seconds": loop_started - started,
-                        "loop_seconds": loop_seconds, "stop_check_seconds": check_seconds}
+                        "calibration_seconds": calibration_seconds, "loop_seconds": loop_seconds,
+                        "stop_check_seconds": check_seconds}
     result["wall_seconds"] = result["timing"]["wall_seconds"]
     result["peak_memory"] = memory.read()
     return UnlearnOutcome(result=result, model=merged, tokenizer=tokenizer)
+
+
+def _encodable(records: list[dict], tokenizer, max_length: int, seed: int) -> list[EncodedRecord]:
+    """Checked records that fit the model's context (a counterfactual or holdout record that does not is
+    skipped). A passage's counterfactual keeps its record's id, and so its seeded continuation split."""
+    out = []
+    for record in records:
+        try:
+            out.append(encode_record(record, tokenizer, max_length=max_length, seed=seed, what="calibration"))
+        except EngineInputError:
+            continue
+    return out

@@ -22,7 +22,7 @@ def loss_and_violation(model, records: list[EncodedRecord], pad: int, params, *,
     for batch in batches(records, params.eval_batch_size, pad):
         batch = batch.to(device)
         with autocast(device):
-            logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
+            logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False).logits
         z, y, rows = M.active_positions(logits, batch.labels)
         nll_sum += torch.nn.functional.cross_entropy(z.float(), y, reduction="sum").item()
         tokens += len(y)

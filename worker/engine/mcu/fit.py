@@ -17,7 +17,7 @@ from worker.engine.records import collate
 
 def path_logits(model, path: Path, t: float, batch) -> torch.Tensor:
     return functional_call(model, path.weights(t), (),
-                           {"input_ids": batch.input_ids, "attention_mask": batch.attention_mask},
+                           {"input_ids": batch.input_ids, "attention_mask": batch.attention_mask, "use_cache": False},
                            strict=False).logits
 
 

@@ -9,7 +9,6 @@ from worker.engine.params import _coerce
 
 CURVES = ("linear", "bezier")
 SPACES = ("auto", "full", "lora")
-LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")
 
 
 @dataclass

@@ -9,11 +9,11 @@ from dataclasses import dataclass
 
 from worker.engine.audit import RecordSet, evaluate, retain_utility
 from worker.engine.errors import EngineInputError
-from worker.engine.loading import context_length, load_model, resolve_device
+from worker.engine.loading import context_length, load_model, lora_modules, resolve_device
 from worker.engine.mcu.barriers import barriers, chord, suppress_first
 from worker.engine.mcu.curve import evaluate_path
 from worker.engine.mcu.fit import fit_control_point
-from worker.engine.mcu.params import LORA_TARGETS, McuParams
+from worker.engine.mcu.params import McuParams
 from worker.engine.mcu.paths import ControlPoint, Path, differing_names, load_weights, parameters_of
 from worker.engine.records import encode_records, normalise_records
 from worker.engine.runtime import PeakMemory, library_versions, seed_everything
@@ -62,7 +62,7 @@ def run_connectivity(start_source: str, end_source: str, forget: list[dict] | No
     retain_enc = encode_records(sample, tokenizer, max_length=max_length, seed=params.seed, what="retain")
 
     curve = params.curve if names else "linear"  # identical ends: there is nothing to bend
-    space = choose_space(params.space, names, start)
+    space = choose_space(params.space, names, start, set(lora_modules(model, "auto")))
     control = (ControlPoint(start, end, names, space, params.lora_r, init, params.seed).to(dev)
                if curve == "bezier" else None)
     path = Path(start, end, names, curve, control)
@@ -116,12 +116,13 @@ def run_connectivity(start_source: str, end_source: str, forget: list[dict] | No
     return McuOutcome(result=result, ensemble=ensemble_model, tokenizer=tokenizer)
 
 
-def choose_space(requested: str, names: list[str], weights: dict) -> str:
-    """auto: LoRA deltas when every differing tensor is a matrix of a LoRA-adaptable projection (the ends
-    are LoRA-derived from a common version), else all differing weights."""
+def choose_space(requested: str, names: list[str], weights: dict, adaptable: set[str]) -> str:
+    """auto: LoRA deltas when every differing tensor is the weight matrix of a module LoRA adapts by default
+    (`adaptable`: the ends are LoRA-derived from a common version), else all differing weights."""
     if requested != "auto":
         return requested
-    lora_like = all(weights[n].dim() == 2 and n.rsplit(".", 1)[0].endswith(LORA_TARGETS) for n in names)
+    lora_like = all(weights[n].dim() == 2 and n.endswith(".weight") and n.rsplit(".", 1)[0] in adaptable
+                    for n in names)
     return "lora" if names and lora_like else "full"
 
 

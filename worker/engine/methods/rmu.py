@@ -4,21 +4,29 @@ from __future__ import annotations
 
 import torch
 
+from worker.engine.errors import EngineInputError
+from worker.engine.loading import module_inventory
 from worker.engine.methods import objectives as O
+from worker.engine.targets import mlp_output_projections
 
 
 def rmu_layer(num_layers: int, requested: int) -> int:
     """The layer whose output is steered: as requested, else about a quarter of the depth."""
     if requested >= num_layers:
-        from worker.engine.errors import EngineInputError
         raise EngineInputError(f"rmu_layer={requested}: the model has {num_layers} layers", field="rmu_layer")
     return requested if requested >= 0 else min(num_layers - 1, num_layers // 4)
 
 
-def trainable_modules(model_config, params) -> list[str]:
-    """The module names (suffixes) RMU updates: mlp.down_proj of layers l-2..l."""
-    layer = rmu_layer(model_config.num_hidden_layers, params.rmu_layer)
-    return [f"layers.{i}.mlp.down_proj" for i in range(max(0, layer - 2), layer + 1)]
+def trainable_modules(model, params) -> list[str]:
+    """The full names of the modules RMU updates: the MLP output projections of layers l-2..l, whatever the
+    architecture calls them (down_proj, c_proj, fc2, dense_4h_to_h, ...)."""
+    layer = rmu_layer(model.config.num_hidden_layers, params.rmu_layer)
+    modules, shape = module_inventory(model)
+    names = mlp_output_projections(modules, shape, model.config.hidden_size, range(max(0, layer - 2), layer + 1))
+    if not names:
+        raise EngineInputError(f"rmu: found no MLP output projection in layers {max(0, layer - 2)}..{layer} "
+                               "(a mixture-of-experts model keeps them fused)", field="method")
+    return names
 
 
 class RMU:

@@ -50,7 +50,7 @@ def token_stats(model, records: list[EncodedRecord], pad_id: int, batch_size: in
         chunk = records[start:start + batch_size]
         batch = next(batches(chunk, batch_size, pad_id)).to(device)
         with autocast(device):
-            logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
+            logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False).logits
         labels = batch.labels[:, 1:]
         mask = labels >= 0
         log_p = F.log_softmax(logits[:, :-1][mask].float(), dim=-1)  # active rows only
