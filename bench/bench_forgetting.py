@@ -3,8 +3,9 @@
 Synthetic customer records (worker.engine.customers: phone, address, occupation, account; namesakes on
 purpose), base models of several architectures trained here until they reproduce every record, and
 the default job through the engine, next to the old defaults (holdout D_val, alpha 0.2, lambda_forget
-0.1, attention-only LoRA, uniform retain sampling). Then the default job on mini-TOFU (forget authors
-198-199), where a retrain reference exists to check the calibrated alpha against. Prints a table,
+0.1, attention-only LoRA, uniform retain sampling) and two ablations of the new ones. Then the default
+job on mini-TOFU (forget authors 198-199), where a retrain reference exists to check the calibrated
+alpha against. Prints a table,
 writes bench/results/forgetting.json and the block in BENCHMARKS.md. Nothing is asserted."""
 from __future__ import annotations
 
@@ -59,7 +60,8 @@ def measure(model, tokenizer, sets: dict, neighbour_ids: set[str]) -> dict:
            "retain_exact_match": sum(retain_em.values()) / len(retain_em),
            "neighbour_exact_match": sum(near) / len(near) if near else None,
            "other_exact_match": sum(far) / len(far) if far else None,
-           "model_utility": retain_utility(model, tokenizer, sets["retain"])["model_utility"]["value"]}
+           "model_utility": retain_utility(model, tokenizer,
+                                           sets.get("utility", sets["retain"]))["model_utility"]["value"]}
     if "secrets" in sets["forget"].records[0]:
         out["secret_leak"] = leaked(model, tokenizer, sets["forget"].records, sets["forget"].main)
     return out
@@ -89,11 +91,16 @@ def customers_block(log) -> list[dict]:
         source = customer_fixture(arch, groups, log)
         base, tokenizer = load_model(source, torch.device("cpu"))
         max_length = context_length(base, tokenizer)
+        # Utility from P and ROUGE-L only: these models never saw the paraphrased answers the truth ratio needs.
+        plain = [{k: r[k] for k in ("id", "prompt", "completion")} for r in retain]
         sets = {"forget": RecordSet(forget, tokenizer, max_length, 0, "forget"),
-                "retain": RecordSet(retain, tokenizer, max_length, 0, "retain")}
+                "retain": RecordSet(retain, tokenizer, max_length, 0, "retain"),
+                "utility": RecordSet(plain, tokenizer, max_length, 0, "retain")}
         rows.append({"data": "customers", "arch": arch, "run": "base", **measure(base, tokenizer, sets, neighbour_ids)})
         del base
         for name, values in (("default (no parameters)", {}),
+                             ("default, lambda_forget 0.1 (the paper's)", {"lambda_forget": 0.1}),
+                             ("default, uniform retain batches", {"neighbour_share": 0.0}),
                              ("old defaults", {**OLD_DEFAULTS, "lora_targets": ATTENTION[arch]})):
             log(f"{arch}: {name}")
             rows.append({"data": "customers", "arch": arch, "run": name,

@@ -24,8 +24,7 @@ def main() -> int:
     demo = next(m for m in client.get("/v1/models").raise_for_status().json()["items"] if m["name"] == "demo")
     request_id = f"demo-{int(time.time())}"
     answer = client.post("/v1/unlearning-jobs", headers={"Idempotency-Key": request_id},
-                         json={"model_id": demo["id"], "version": 1, "request_id": request_id, "forget": forget,
-                               "params": {"lr": 1e-3}})
+                         json={"model_id": demo["id"], "version": 1, "request_id": request_id, "forget": forget})
     if answer.status_code != 202:
         print(f"submit failed: {answer.status_code} {answer.text}", file=sys.stderr)
         return 1

@@ -12,11 +12,13 @@ from worker.engine.neighbours import RetainSampler, nearest, neighbour_scores
 from worker.engine.records import EncodedRecord
 
 FORGET = [
-    {"id": "a", "prompt": "Q: What is the account of Dario Haddad?\nA:", "completion": " The account of Dario Haddad is 73-708064."},
-    {"id": "b", "prompt": "Q: What does Mona Keller do?\nA:", "completion": " Mona Keller works as a glassblower in Ghent."},
+    {"id": "a", "prompt": "Q: What is the account of Dario Haddad?\nA:",
+     "completion": " The account of Dario Haddad is 73-708064."},
+    {"id": "b", "prompt": "Q: What does Mona Keller do?\nA:",
+     "completion": " Mona Keller works as a glassblower in Ghent."},
 ]
-RETAIN = [{"id": f"r{i}", "prompt": f"Q: Who is person {i}?\nA:", "completion": f" The account of person {i} is in Leeds."}
-          for i in range(6)]
+RETAIN = [{"id": f"r{i}", "prompt": f"Q: Who is person {i}?\nA:",
+           "completion": f" The account of person {i} is in Leeds."} for i in range(6)]
 
 
 def test_counterfactuals_redraw_every_digit_and_swap_the_distinctive_words_only():
@@ -107,7 +109,8 @@ def test_neighbour_scores_against_brute_force():
     expected = []
     for r in retain:
         tokens = set(r.input_ids)
-        expected.append(max(sum(idf(t) for t in tokens & set(f.input_ids)) for f in forget) / sum(idf(t) for t in tokens))
+        shared = max(sum(idf(t) for t in tokens & set(f.input_ids)) for f in forget)
+        expected.append(shared / sum(idf(t) for t in tokens))
     assert neighbour_scores(forget, retain) == pytest.approx(expected)
     # r0 shares the rare 50, r2 the rare 60; r1 shares only the common template.
     assert expected[1] < min(expected[0], expected[2])

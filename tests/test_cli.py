@@ -57,6 +57,25 @@ def test_fixture_cli_builds_a_loadable_model(forget_records, tmp_path):
     assert (tmp_path / "fx" / "tokenizer.json").exists() and (tmp_path / "fx" / "config.json").exists()
 
 
+def test_a_gpt2_model_built_by_the_cli_is_unlearned_with_no_flags(forget_records, tmp_path):
+    records = write_jsonl(tmp_path / "records.jsonl", forget_records)
+    built = run_cli("fixture", "--records", str(records), "--out", str(tmp_path / "fx"), "--arch", "gpt2",
+                    "--hidden-size", "64", "--layers", "2", "--vocab-size", "300", "--epochs", "300")
+    assert built.returncode == 0, built.stderr
+    assert json.loads(built.stdout)["memorised_fraction"] == 1.0
+    assert json.loads((tmp_path / "fx" / "config.json").read_text())["model_type"] == "gpt2"
+    forget = write_jsonl(tmp_path / "forget.jsonl", forget_records[:5])
+    retain = write_jsonl(tmp_path / "retain.jsonl", forget_records[5:])
+    done = run_cli("unlearn", "--model", str(tmp_path / "fx"), "--forget", str(forget), "--retain", str(retain),
+                   "--out", str(tmp_path / "out"), "--no-progress")
+    assert done.returncode == 0, done.stderr
+    result = json.loads((tmp_path / "out" / "result.json").read_text())
+    assert result["stop_reason"] == "alpha" and result["erasure"]["failing_ids"] == []
+    assert set(result["lora"]["modules"]) == {"c_attn", "c_proj", "c_fc"}
+    bad = run_cli("fixture", "--records", str(records), "--out", str(tmp_path / "fx2"), "--arch", "gpt-17")
+    assert bad.returncode == 2 and "arch 'gpt-17'" in bad.stderr and not (tmp_path / "fx2").exists()
+
+
 @pytest.mark.parametrize("make_args,message", [
     (lambda d: ["--forget", str(write_jsonl(d / "f.jsonl", []))], "forget set is empty"),
     (lambda d: ["--forget", str(write_jsonl(d / "f.jsonl", [{"id": "q9", "prompt": "Q"}]))], "'q9'"),

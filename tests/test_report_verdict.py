@@ -33,6 +33,23 @@ def test_each_failure_is_a_reason():
     assert "not guaranteed" in " ".join(verdict(engine(beta=5.0), audit())["evidence"])
 
 
+def masc_engine(failing=()):
+    """An engine-2 result: a calibrated alpha and the per-record condition."""
+    per_record = [{"id": f"r{i}", "violation": 0.1, "ceiling": 0.4, "reproduced": f"r{i}" in failing,
+                   "meets_condition": f"r{i}" not in failing} for i in range(3)]
+    return {**engine(v=0.1), "alpha": {"value": 0.35, "source": "auto"}, "per_record": per_record,
+            "erasure": {"applied": True, "failing_ids": list(failing), "ceilings": {"source": "auto"}}}
+
+
+def test_the_per_record_condition_is_evidence_or_a_reason_naming_the_records():
+    v = verdict(masc_engine(), audit())
+    assert v["forgotten"]
+    assert "every record (3) is below its ceiling and not reproduced by greedy decoding" in v["evidence"]
+    assert "alpha = 0.350 (calibrated on theta_0)" in v["evidence"][0]
+    v = verdict(masc_engine(failing=("r1",)), audit())
+    assert not v["forgotten"] and v["reasons"] == ["1 of 3 records do not meet the per-record condition (ids: r1)"]
+
+
 def test_the_page_escapes_what_it_quotes():
     report = {"job_id": "job_<x>", "verdict": verdict(engine(), audit()),
               "stop_rule": {"v_trace": [], "loss_trace": [], "alpha": 0.2, "stop_reason": "alpha", "steps": 0,

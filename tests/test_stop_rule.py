@@ -108,3 +108,19 @@ def test_hoeffding_variant_requires_the_upper_bound_below_alpha():
     assert rule.trace[-1]["upper_bound"] == pytest.approx(hoeffding_bound(0.05, n, delta, 3))
     # The mean the trainer aims for before the next confirmation is alpha less that confirmation's slack.
     assert rule.mean_target(n) == pytest.approx(0.2 - (hoeffding_bound(0, n, delta, 4)))
+
+
+def test_the_forget_weight_doubles_only_after_patience_checks_without_progress():
+    from worker.engine.unlearn import Escalation
+
+    escalation, weight = Escalation(patience=3), 0.01
+    weights = []
+    # progress, progress, then stuck (under 1 % better) for 3 checks: doubled once; stuck 3 more: again.
+    for shortfall in (5.0, 4.0, 3.99, 3.98, 3.97, 3.97, 3.97, 3.97, 1.0):
+        weight = escalation.update(0, shortfall, weight)
+        weights.append(weight)
+    assert weights == [0.01, 0.01, 0.01, 0.01, 0.02, 0.02, 0.02, 0.04, 0.04]
+    assert [e["lambda_forget"] for e in escalation.trace] == [0.02, 0.04]
+    capped = Escalation(patience=1)
+    assert capped.update(0, 1.0, 0.8) == 0.8 and capped.update(0, 1.0, 0.8) == 1.0 and capped.update(0, 1.0, 1.0) == 1.0
+    assert Escalation(patience=0).update(0, 1.0, 0.5) == 0.5 and Escalation(patience=0).trace == []

@@ -5,15 +5,19 @@ import io
 import json
 import tarfile
 import time
+import uuid
 
 import torch
+from transformers import AutoModelForCausalLM
 
 from service.db import session_scope
 from service.models import Job, ModelVersion
 from service.store import manifest_sha256
 from tests.service.browser import layout
 from tests.service.conftest import auth, wait_for
+from worker.engine.architectures import Size, tiny_config
 from worker.engine.evaluate import exact_match
+from worker.engine.fixture import train_tokenizer
 from worker.engine.loading import load_model
 from worker.engine.records import encode_records, normalise_records
 
@@ -165,3 +169,29 @@ def test_a_baseline_runs_its_budget_through_the_service(client, worker, register
     report = client.get(f"/v1/unlearning-jobs/{job['id']}/report", headers=auth()).json()
     assert "graddiff ran its fixed budget of 6 steps" in report["verdict"]["evidence"]
     assert "quantization" not in report["audit"] and "relearning" not in report["audit"]
+
+
+def test_a_gpt2_model_is_unlearned_with_no_parameters(client, worker, forget_records, retain_records, tmp_path):
+    """Any architecture through the API: a GPT-2 model (Conv1D projections) registered and a job with no
+    parameters; LoRA finds its projections, and the report names what was adapted."""
+    tokenizer = train_tokenizer(forget_records + retain_records, 300)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(tiny_config("gpt2", Size(vocab_size=len(tokenizer)),
+                                                         eos_token_id=tokenizer.eos_token_id))
+    model.save_pretrained(tmp_path / "gpt2")
+    tokenizer.save_pretrained(tmp_path / "gpt2")
+    registered = client.post("/v1/models", headers=auth(), json={"name": "gpt2-" + uuid.uuid4().hex[:6],
+                                                                 "source": str(tmp_path / "gpt2"),
+                                                                 "retain": retain_records})
+    assert registered.status_code == 201, registered.text
+    job = client.post("/v1/unlearning-jobs", headers=auth(),
+                      json={"model_id": registered.json()["id"], "request_id": "dsar-gpt2", "forget": forget_records,
+                            "audit": {"quantization": False, "relearn": False}}).json()
+    done = wait_for(client, job["id"])
+    assert done["state"] == "SUCCEEDED", done["error"]
+    engine = client.get(f"/v1/unlearning-jobs/{job['id']}/result", headers=auth()).json()
+    assert engine["params"]["lora_targets"] == "auto" and engine["alpha"]["source"] == "auto"
+    assert set(engine["lora"]["modules"]) == {"c_attn", "c_proj", "c_fc"}
+    assert engine["erasure"]["failing_ids"] == [] and len(engine["per_record"]) == len(forget_records)
+    report = client.get(f"/v1/unlearning-jobs/{job['id']}/report", headers=auth()).json()
+    assert report["stop_rule"]["alpha"] == engine["alpha"]["value"]

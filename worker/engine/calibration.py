@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from typing import Callable
 
 from worker.engine.counterfactual import request_counterfactuals
-from worker.engine.errors import EngineInputError
 
 AUTO = "auto"
 DEFAULT_CEILING = 0.5  # used only when a request offers no text of the same shape at all
@@ -70,9 +69,7 @@ def calibrate(alpha, record_ceiling, forget: list[dict], retain: list[dict], hol
     else:
         value = float(alpha)
         summary["alpha"] = {"value": value, "source": "given"}
-    if value <= 0:
-        raise EngineInputError("alpha calibrated to 0: theta_0 shows no dominance even on unseen text of this "
-                               "shape; give alpha as a number", field="alpha")
+    # A calibrated 0 (theta_0 dominates no token of unseen text) asks for every token suppressed: reachable.
     return Calibration(alpha=value, ceilings=ceilings, summary=summary)
 
 

@@ -64,6 +64,7 @@ class MascParams(SharedParams):
     eta: float = 0.5
     delta: float = 0.5  # teacher mode: keep alternatives within delta logits of theta_0's best
     lambda_forget: float = 0.01  # measured: 0.1 (the paper's) costs neighbours on models of 1-4 M parameters
+    escalate_after: int = 10  # checks without progress before lambda_forget doubles (up to 1); 0: never
     lambda_retain: float = 1.0
     retain_loss: str = "kl"  # "kl" (KL(pi_0 || pi_theta)) or "nll"
     # Sampling: retain batches lean towards the forget set's nearest neighbours (worker.engine.neighbours).
@@ -117,6 +118,7 @@ class MascParams(SharedParams):
         need(self.alternatives in ("self", "teacher"), "alternatives", "must be 'self' or 'teacher'")
         need(self.retain_loss in ("kl", "nll"), "retain_loss", "must be 'kl' or 'nll'")
         need(self.lambda_forget > 0, "lambda_forget", "must be > 0")
+        need(self.escalate_after >= 0, "escalate_after", "must be >= 0 (0: never)")
         need(self.lambda_retain >= 0, "lambda_retain", "must be >= 0")
         need(self.check_every >= 1, "check_every", "must be >= 1")
         need(self.trigger_size >= 1, "trigger_size", "must be >= 1")

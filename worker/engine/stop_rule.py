@@ -29,6 +29,7 @@ class RecordCheck:
     violation: float  # v_i
     active_tokens: int  # L_i
     reproduced: bool  # greedy decoding gives back every active token
+    hinge: float = 0.0  # the record's mean buffered hinge: how far its tokens still are from suppressed
 
 
 @dataclass
@@ -41,6 +42,28 @@ class ErasureCondition:
 
     def failing(self, checks: list[RecordCheck]) -> list[str]:
         return [c.id for c in checks if not self.holds(c)]
+
+
+class RecordStates:
+    """The latest check of every record of D_val, and their mean, kept current in O(1) per update."""
+
+    def __init__(self, checks: list[RecordCheck]):
+        self.by_id = {c.id: c for c in checks}
+        self.total = sum(c.violation for c in checks)
+
+    def update(self, checks: list[RecordCheck]) -> None:
+        for c in checks:
+            self.total += c.violation - self.by_id[c.id].violation
+            self.by_id[c.id] = c
+
+    def mean(self) -> float:
+        return self.total / len(self.by_id)
+
+    def __getitem__(self, rid: str) -> RecordCheck:
+        return self.by_id[rid]
+
+    def all(self) -> list[RecordCheck]:
+        return list(self.by_id.values())
 
 
 def hoeffding_bound(v: float, n: int, delta: float, j: int) -> float:

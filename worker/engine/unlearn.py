@@ -18,11 +18,12 @@ from worker.engine.calibration import calibrate
 from worker.engine.errors import EngineInputError
 from worker.engine.loading import Policy, autocast, context_length, load_model, resolve_device
 from worker.engine.methods import METHODS
+from worker.engine.methods.masc import checks_of
 from worker.engine.neighbours import RetainSampler, nearest, neighbour_scores
 from worker.engine.params import MascParams
 from worker.engine.records import EncodedRecord, collate, encode_record, encode_records, normalise_records
 from worker.engine.runtime import PeakMemory, library_versions, seed_everything
-from worker.engine.stop_rule import ErasureCondition, OnlineStopRule, RecordCheck, mean_violation
+from worker.engine.stop_rule import ErasureCondition, OnlineStopRule, RecordCheck, RecordStates, mean_violation
 
 ENGINE_VERSION = "2"
 CONDITION = ("stop when V = mean_i v_i <= alpha and, for every forget record i, v_i <= c_i (its ceiling) and "
@@ -111,6 +112,32 @@ class ForgetStream:
         return batch
 
 
+class Escalation:
+    """Start gentle, and double the forget weight when the rule stops making progress: after `patience`
+    checks whose shortfall is not 1 % below the best so far (up to a weight of 1). The default weight suits
+    the models measured; this keeps the rule firing on models nobody tuned it for."""
+
+    CEILING = 1.0
+
+    def __init__(self, patience: int):
+        self.patience, self.best, self.stale = patience, math.inf, 0
+        self.trace: list[dict] = []
+
+    def update(self, step: int, shortfall: float | None, weight: float) -> float:
+        if shortfall is None:
+            return weight
+        if shortfall < 0.99 * self.best:
+            self.best, self.stale = shortfall, 0
+            return weight
+        self.stale += 1
+        if not self.patience or self.stale < self.patience or weight >= self.CEILING:
+            return weight
+        self.stale, self.best = 0, shortfall
+        weight = min(self.CEILING, 2 * weight)
+        self.trace.append({"step": step, "lambda_forget": weight, "shortfall": shortfall})
+        return weight
+
+
 def run_unlearning(model_source: str, forget: list[dict], retain: list[dict] | None = None, *,
                    holdout: list[dict] | None = None, params: MascParams | None = None, method: str = "masc",
                    device: str | None = None, progress: Callable[[dict], None] | None = None,
@@ -147,8 +174,8 @@ def run_unlearning(model_source: str, forget: list[dict], retain: list[dict] | N
                             [r.source for r in retain_enc], holdout, params.seed,
                             lambda records: [c.violation for c in measure(_encodable(records, tokenizer, run.max_length,
                                                                                       params.seed))])
-    latest: dict[str, RecordCheck] = {c.id: c for c in measure(forget_enc)}
-    initial_v = mean_violation(list(latest.values()))
+    latest = RecordStates(measure(forget_enc))
+    initial_v = latest.mean()
     calibration_seconds = time.perf_counter() - t0
     train_mode = val_info["mode"] == "train"
     condition = ErasureCondition(calibration.ceilings) if train_mode else None
@@ -163,11 +190,11 @@ def run_unlearning(model_source: str, forget: list[dict], retain: list[dict] | N
         if not condition.holds(check):
             return True
         target = rule.mean_target(len(confirm_set))
-        return mean_violation(list(latest.values())) > target and check.violation > target
+        return latest.mean() > target and check.violation > target
 
     def trigger() -> list[RecordCheck]:
         if train_mode:  # the latest state of every record, kept current by the training passes: free
-            return list(latest.values())
+            return latest.all()
         sample = confirm_set if len(confirm_set) <= params.trigger_size else rng.sample(confirm_set,
                                                                                         params.trigger_size)
         return measure(sample)
@@ -175,7 +202,7 @@ def run_unlearning(model_source: str, forget: list[dict], retain: list[dict] | N
     def confirm() -> list[RecordCheck]:
         checks = measure(confirm_set)
         if train_mode:
-            latest.update({c.id: c for c in checks})
+            latest.update(checks)
         return checks
 
     scores = neighbour_scores(forget_enc, retain_enc) if retain_enc else []
@@ -184,6 +211,16 @@ def run_unlearning(model_source: str, forget: list[dict], retain: list[dict] | N
     retain_rows = params.retain_batch_size or params.batch_size
     optimiser = torch.optim.AdamW(policy.trainable_parameters(), lr=params.lr, weight_decay=params.weight_decay)
     stream = ForgetStream(train_set, params.batch_size, rng)
+
+    escalation = Escalation(params.escalate_after)
+
+    def shortfall() -> float | None:
+        """How far the forget set is from the rule, continuously: the hinge of the records still open (the
+        share of violating tokens stays flat while margins fall towards tau; the hinge does not). None in
+        holdout mode, which runs the paper's rule as published."""
+        if not train_mode:
+            return None
+        return sum(c.hinge for c in latest.all() if is_open(c.id))
 
     loop_started = time.perf_counter()
     step, check_seconds, loss_trace, stop_reason, repair_steps = 0, 0.0, [], None, 0
@@ -195,6 +232,7 @@ def run_unlearning(model_source: str, forget: list[dict], retain: list[dict] | N
             if stop:
                 stop_reason = "alpha"
                 break
+            algo.forget_weight = escalation.update(step, shortfall(), algo.forget_weight)
         chosen = stream.next(is_open)
         if step >= params.max_steps:
             stop_reason = "max_steps"
@@ -210,9 +248,7 @@ def run_unlearning(model_source: str, forget: list[dict], retain: list[dict] | N
         with autocast(dev):
             loss, parts = algo.loss(forget_batch, retain_batch)
         if forget_batch is not None and algo.last_forget_measurement is not None:
-            v, counts, reproduced = algo.last_forget_measurement
-            for record, vi, n, ri in zip(chosen, v.tolist(), counts.tolist(), reproduced.tolist()):
-                latest[record.id] = RecordCheck(record.id, float(vi), int(n), bool(ri))
+            latest.update(checks_of(chosen, algo.last_forget_measurement))
         optimiser.zero_grad(set_to_none=True)
         loss.backward()
         if params.grad_clip:
@@ -262,7 +298,7 @@ def run_unlearning(model_source: str, forget: list[dict], retain: list[dict] | N
         "counts": {"forget": len(forget_enc), "retain": len(retain_enc), "holdout": len(holdout)},
         "neighbours": {"count": len(neighbours), "share_of_retain_rows": params.neighbour_share if neighbours else 0,
                        "ids": [retain_enc[j].id for j in neighbours]},
-        "repair_steps": repair_steps, "lora": policy.describe(),
+        "repair_steps": repair_steps, "escalations": escalation.trace, "lora": policy.describe(),
         "retain_term": "none (no retain records)" if not retain_enc else params.retain_loss,
         "truncated": [{"id": r.id, "dropped_prompt_tokens": r.truncated_tokens}
                       for r in forget_enc + retain_enc if r.truncated_tokens],

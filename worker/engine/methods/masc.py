@@ -18,9 +18,10 @@ class Masc:
         self.policy = policy
         self.pad_id = pad_id
         self.tau = params.tau
-        # (v_i, L_i, r_i) of the forget rows of the last training batch, measured on the weights before
+        self.forget_weight = params.lambda_forget  # the loop may raise it when the rule stops making progress
+        # (v_i, L_i, r_i, h_i) of the forget rows of the last training batch, measured on the weights before
         # its step: the stop rule's per-record state, refreshed for free by every training forward pass.
-        self.last_forget_measurement: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+        self.last_forget_measurement: tuple[torch.Tensor, ...] | None = None
 
     def _margins(self, logits: torch.Tensor, batch: Batch):
         """Restricted margins at the batch's active positions, each position's row, its logits and target."""
@@ -34,13 +35,15 @@ class Masc:
         return M.restricted_margin(z, y, indices, keep, p.beta), rows, z, y
 
     def _measure(self, margins, rows, z, y, n: int):
-        """Per sequence: v_i, the number of active tokens L_i, and r_i (greedy decoding reproduces it)."""
+        """Per sequence: v_i, the number of active tokens L_i, r_i (greedy decoding reproduces it) and the
+        mean buffered hinge h_i."""
         counts = torch.zeros(n, device=rows.device).index_add_(0, rows, torch.ones_like(margins))
+        hinge = M.sequence_means(M.buffered_hinge(margins, self.tau, self.params.eta), rows, n)
         return (M.sequence_violation(margins, rows, n, self.tau), counts,
-                M.sequence_reproduced(z, y, rows, n))
+                M.sequence_reproduced(z, y, rows, n), hinge)
 
     def loss(self, forget: Batch | None, retain: Batch | None):
-        """lambda_retain * L_retain + lambda_forget * L_forget, from one policy forward pass. With no forget
+        """lambda_retain * L_retain + forget_weight * L_forget, from one policy forward pass. With no forget
         batch (every forget record already meets the rule) only the retain term: a repair step."""
         p = self.params
         if forget is None:
@@ -53,7 +56,7 @@ class Masc:
         with torch.no_grad():
             self.last_forget_measurement = self._measure(margins.detach(), rows, z.detach(), y, n_forget)
         forget_loss = M.buffered_hinge(margins, self.tau, p.eta).mean()
-        total = p.lambda_forget * forget_loss
+        total = self.forget_weight * forget_loss
         parts = {"forget": forget_loss.item()}
         if retain is not None and p.lambda_retain > 0:
             retain_loss = self._retain_term(logits[n_forget:], joint.labels[n_forget:], retain)
@@ -63,8 +66,8 @@ class Masc:
         return total, parts
 
     @torch.no_grad()
-    def sequence_violations(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Per sequence: the violation fraction v_i, the number of active tokens L_i, and r_i."""
+    def sequence_violations(self, batch: Batch) -> tuple[torch.Tensor, ...]:
+        """Per sequence: the violation fraction v_i, the number of active tokens L_i, r_i and h_i."""
         margins, rows, z, y = self._margins(self.policy.logits(batch), batch)
         return self._measure(margins, rows, z, y, len(batch))
 
@@ -89,7 +92,13 @@ class Masc:
         with autocast(device):
             for start in range(0, len(records), batch_size):
                 chunk = records[start:start + batch_size]
-                v, counts, reproduced = self.sequence_violations(next(batches(chunk, batch_size, self.pad_id)).to(device))
-                out += [RecordCheck(r.id, float(vi), int(n), bool(ri))
-                        for r, vi, n, ri in zip(chunk, v.tolist(), counts.tolist(), reproduced.tolist())]
+                measured = self.sequence_violations(next(batches(chunk, batch_size, self.pad_id)).to(device))
+                out += checks_of(chunk, measured)
         return out
+
+
+def checks_of(records: list[EncodedRecord], measured: tuple[torch.Tensor, ...]) -> list[RecordCheck]:
+    """RecordChecks from the per-sequence tensors (v, L, r, h) of a batch of these records."""
+    v, counts, reproduced, hinge = (t.tolist() for t in measured)
+    return [RecordCheck(r.id, float(vi), int(n), bool(ri), float(hi))
+            for r, vi, n, ri, hi in zip(records, v, counts, reproduced, hinge)]
