@@ -69,7 +69,8 @@ def tiny_config(model_type: str, size: Size | None = None, *, eos_token_id: int 
         "tie_word_embeddings": True, "is_decoder": True,
     }
     for target in _sub_configs(config):
-        depth = _own_attributes(target).get("num_hidden_layers")
+        own = _own_attributes(target)
+        depth = next((own[k] for k in ("num_hidden_layers", "num_layers", "n_layer") if isinstance(own.get(k), int)), 0)
         for name, value in _own_attributes(target).items():  # per-layer lists and maps follow the depth
             if isinstance(value, list) and depth and len(value) == depth and name != "layer_types":
                 _set(target, name, _keep_each_kind(value, s.layers))
@@ -78,6 +79,8 @@ def tiny_config(model_type: str, size: Size | None = None, *, eos_token_id: int 
         for name, value in values.items():
             if name in _own_attributes(target):
                 _set(target, name, value)
+        if "attention_types" in _own_attributes(target):  # GPT-Neo: [[kinds, repeats]] expands to the layers
+            _set(target, "attention_types", [[["global", "local"], max(1, s.layers // 2)]])
         layer_types = getattr(target, "layer_types", None)
         if isinstance(layer_types, list) and len(layer_types) > s.layers:
             target.layer_types = _keep_each_kind(layer_types, s.layers)

@@ -66,8 +66,7 @@ def module_inventory(model) -> tuple[list[ModuleInfo], Shape]:
     modules = []
     for name, module in model.named_modules():
         if isinstance(module, torch.nn.Linear):
-            # A subclass with its own forward (a grouped projection, say) breaks LoRA's y = Wx + BAx.
-            kind = "linear" if type(module).forward is torch.nn.Linear.forward else "other"
+            kind = "linear" if _behaves_linear(module) else "other"
             modules.append(ModuleInfo(name, kind, module.in_features, module.out_features))
         elif isinstance(module, Conv1D):  # weight [in, out]
             modules.append(ModuleInfo(name, "conv1d", module.weight.shape[0], module.weight.shape[1]))
@@ -81,6 +80,24 @@ def module_inventory(model) -> tuple[list[ModuleInfo], Shape]:
     return modules, Shape(vocab_size=shape.vocab_size, expert_counts=shape.expert_counts,
                           output_head=names.get(id(head), "") if head is not None else "",
                           decoder_prefix=_decoder_prefix(model, names))
+
+
+@torch.no_grad()
+def _behaves_linear(module: torch.nn.Linear) -> bool:
+    """LoRA adds BAx to what the module returns, which is right only if it returns Wx + b. A subclass with
+    its own forward is probed once (Falcon's FalconLinear passes; a grouped projection does not)."""
+    if type(module).forward is torch.nn.Linear.forward:
+        return True
+    weight = module.weight
+    probe = torch.randn(2, module.in_features, dtype=weight.dtype, device=weight.device,
+                        generator=torch.Generator(device=weight.device).manual_seed(0))
+    try:
+        out = module(probe)
+    except Exception:  # noqa: BLE001  it does not even take a plain input
+        return False
+    expected = torch.nn.functional.linear(probe, weight, module.bias)
+    return (isinstance(out, torch.Tensor) and out.shape == expected.shape
+            and torch.allclose(out, expected, rtol=1e-3, atol=1e-4))
 
 
 def _decoder_prefix(model, names: dict) -> str:
