@@ -97,7 +97,11 @@ class JobCreate(Strict):
     holdout: list[Record] | None = None
     method: Literal["masc", "ga", "graddiff", "npo", "npo_kl", "simnpo", "rmu"] = "masc"
     preset: str | None = None
-    params: dict[str, Any] | None = None
+    params: dict[str, Any] | None = Field(default=None, description=(
+        "Engine parameters, checked with the engine's own rules; none are needed. MASC: alpha and "
+        "record_ceiling (\"auto\", the default: calibrated on the model's own behaviour on counterfactuals of "
+        "the records; or a number), lora_targets (\"auto\": every attention and MLP projection; or module "
+        "names), val_mode (\"train\" or \"holdout\"), lr, max_steps, k, rho, eta, beta, lambda_forget, ..."))
     audit: AuditOptions | None = None
     mcu: McuRequest | None = None
 

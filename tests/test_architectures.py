@@ -7,10 +7,11 @@ from transformers import AutoModelForCausalLM
 from worker.engine.architectures import NOT_TEXT_LMS, Size, causal_lm_families, tiny_config
 from worker.engine.errors import EngineInputError
 from worker.engine.fixture import train_tokenizer
-from worker.engine.loading import load_model, lora_modules, module_inventory, save_model
+from worker.engine.loading import behaves_linear, load_model, lora_modules, module_inventory, save_model
 from worker.engine.params import MascParams
 from worker.engine.synthetic import synthetic_people
-from worker.engine.targets import auto_targets, checkpoint_inventory, check_requested, suffixes
+from worker.engine.targets import (ModuleInfo, Shape, auto_targets, check_requested, checkpoint_inventory,
+                                   mlp_output_projections, resolve_targets, suffixes)
 from worker.engine.unlearn import run_unlearning
 
 # The families a user is most likely to bring: these must build, never skip.
@@ -122,3 +123,36 @@ def test_auto_targets_skip_routers_and_towers_outside_the_language_model(tokeniz
     chosen = auto_targets(modules, shape)
     assert chosen and not any(name.endswith(".gate") for name in chosen)  # the router stays as it is
     assert all(m.out_features not in shape.expert_counts for m in modules if m.name in chosen)
+
+
+def test_the_target_rule_on_a_written_out_inventory():
+    modules = [ModuleInfo("model.embed_tokens", "embedding", 100, 16),
+               ModuleInfo("model.layers.0.self_attn.q_proj", "linear", 16, 16),
+               ModuleInfo("model.layers.0.mlp.down_proj", "linear", 32, 16),
+               ModuleInfo("model.layers.0.mlp.gate", "linear", 16, 4),  # a router over 4 experts
+               ModuleInfo("model.layers.0.mtp_head", "linear", 16, 100),  # vocabulary-sized
+               ModuleInfo("model.layers.0.mlp.grouped", "other", 16, 16),  # a Linear that is not one
+               ModuleInfo("model.project_in", "linear", 16, 16),  # outside the blocks
+               ModuleInfo("vision.layers.0.proj", "linear", 16, 16),  # another tower
+               ModuleInfo("lm_head", "linear", 16, 100)]
+    shape = Shape(vocab_size=100, expert_counts=(4,), output_head="lm_head", decoder_prefix="model")
+    assert auto_targets(modules, shape) == ["model.layers.0.self_attn.q_proj", "model.layers.0.mlp.down_proj"]
+    assert resolve_targets(["q_proj"], modules, shape) == ["model.layers.0.self_attn.q_proj"]
+    assert resolve_targets(["mlp.gate"], modules, shape) == ["model.layers.0.mlp.gate"]  # named: as asked
+    with pytest.raises(EngineInputError, match=r"no modules named \['k_proj'\]; its projections are \['q_proj', "
+                                                r"'down_proj'\]"):
+        resolve_targets(["k_proj"], modules, shape)
+    assert mlp_output_projections(modules, shape, 16, range(0, 1)) == ["model.layers.0.mlp.down_proj"]
+
+
+def test_a_linear_subclass_is_adapted_only_if_it_computes_wx_plus_b():
+    class Plain(torch.nn.Linear):
+        def forward(self, x):  # the same map written another way (Falcon's FalconLinear does this)
+            return x @ self.weight.T + self.bias
+
+    class Grouped(torch.nn.Linear):
+        def forward(self, x):  # not Wx + b
+            return super().forward(x).flip(-1)
+
+    assert behaves_linear(torch.nn.Linear(8, 6)) and behaves_linear(Plain(8, 6))
+    assert not behaves_linear(Grouped(8, 6))

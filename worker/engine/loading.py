@@ -66,7 +66,7 @@ def module_inventory(model) -> tuple[list[ModuleInfo], Shape]:
     modules = []
     for name, module in model.named_modules():
         if isinstance(module, torch.nn.Linear):
-            kind = "linear" if _behaves_linear(module) else "other"
+            kind = "linear" if behaves_linear(module) else "other"
             modules.append(ModuleInfo(name, kind, module.in_features, module.out_features))
         elif isinstance(module, Conv1D):  # weight [in, out]
             modules.append(ModuleInfo(name, "conv1d", module.weight.shape[0], module.weight.shape[1]))
@@ -83,7 +83,7 @@ def module_inventory(model) -> tuple[list[ModuleInfo], Shape]:
 
 
 @torch.no_grad()
-def _behaves_linear(module: torch.nn.Linear) -> bool:
+def behaves_linear(module: torch.nn.Linear) -> bool:
     """LoRA adds BAx to what the module returns, which is right only if it returns Wx + b. A subclass with
     its own forward is probed once (Falcon's FalconLinear passes; a grouped projection does not)."""
     if type(module).forward is torch.nn.Linear.forward:
