@@ -111,7 +111,7 @@ def test_hoeffding_variant_requires_the_upper_bound_below_alpha():
 
 
 def test_the_forget_weight_doubles_only_after_patience_checks_without_progress():
-    from worker.engine.unlearn import Escalation
+    from worker.engine.schedule import Escalation
 
     escalation, weight = Escalation(patience=3), 0.01
     weights = []

@@ -207,3 +207,17 @@ def test_fixture_training_is_reproducible_by_seed(tmp_path, forget_records):
     for (name, pa), (_, pb) in zip(a.state_dict().items(), b.state_dict().items()):
         assert torch.equal(pa, pb), name
     assert (tmp_path / "a" / "tokenizer.json").read_text() == (tmp_path / "b" / "tokenizer.json").read_text()
+
+
+def test_a_forget_weight_too_gentle_for_the_model_is_raised_until_the_rule_fires(fixture_model, forget_records,
+                                                                                  retain_records):
+    gentle = {"lambda_forget": 1e-5, "lr": 1e-3, "escalate_after": 3}
+    outcome = run_unlearning(str(fixture_model), forget_records, retain_records, params=MascParams.from_dict(gentle))
+    r = outcome.result
+    assert r["stop_reason"] == "alpha" and r["escalations"]
+    weights = [e["lambda_forget"] for e in r["escalations"]]
+    assert weights == [1e-5 * 2 ** (i + 1) for i in range(len(weights))]
+    # Without escalation the same weight does not get there in as many steps.
+    stuck = run_unlearning(str(fixture_model), forget_records, retain_records,
+                           params=MascParams.from_dict({**gentle, "escalate_after": 0, "max_steps": r["steps"]}))
+    assert stuck.result["stop_reason"] == "max_steps" and stuck.result["escalations"] == []

@@ -23,6 +23,7 @@ from worker.engine.neighbours import RetainSampler, nearest, neighbour_scores
 from worker.engine.params import MascParams
 from worker.engine.records import EncodedRecord, collate, encode_record, encode_records, normalise_records
 from worker.engine.runtime import PeakMemory, library_versions, seed_everything
+from worker.engine.schedule import Escalation, ForgetStream
 from worker.engine.stop_rule import ErasureCondition, OnlineStopRule, RecordCheck, RecordStates, mean_violation
 
 ENGINE_VERSION = "2"
@@ -83,59 +84,6 @@ def split_validation(forget: list[EncodedRecord], params: MascParams) -> tuple[l
     return forget, forget, {"mode": "train", "n_train": n, "n_val": n,
                             "reason": f"forget set of {n} records is too small to hold out {n_val} and keep "
                                       f"{params.holdout_min} for training; D_val is the training forget set"}
-
-
-class ForgetStream:
-    """Forget batches from the records the rule still finds dominant ("open"), each open record once per
-    pass in a seeded order. A record that meets the rule gets no more forget gradient, so nothing is
-    suppressed further than the request needs."""
-
-    def __init__(self, records: list[EncodedRecord], batch_size: int, rng: random.Random):
-        self.records, self.batch_size, self.rng = records, batch_size, rng
-        self.pending: list[EncodedRecord] = []
-
-    def next(self, is_open: Callable[[str], bool]) -> list[EncodedRecord]:
-        batch: list[EncodedRecord] = []
-        refilled = False
-        while len(batch) < self.batch_size:
-            if not self.pending:
-                if refilled:
-                    break
-                self.pending = [r for r in self.records if is_open(r.id)]
-                self.rng.shuffle(self.pending)
-                refilled = True
-                if not self.pending:
-                    break
-            record = self.pending.pop()
-            if is_open(record.id) and record not in batch:
-                batch.append(record)
-        return batch
-
-
-class Escalation:
-    """Start gentle, and double the forget weight when the rule stops making progress: after `patience`
-    checks whose shortfall is not 1 % below the best so far (up to a weight of 1). The default weight suits
-    the models measured; this keeps the rule firing on models nobody tuned it for."""
-
-    CEILING = 1.0
-
-    def __init__(self, patience: int):
-        self.patience, self.best, self.stale = patience, math.inf, 0
-        self.trace: list[dict] = []
-
-    def update(self, step: int, shortfall: float | None, weight: float) -> float:
-        if shortfall is None:
-            return weight
-        if shortfall < 0.99 * self.best:
-            self.best, self.stale = shortfall, 0
-            return weight
-        self.stale += 1
-        if not self.patience or self.stale < self.patience or weight >= self.CEILING:
-            return weight
-        self.stale, self.best = 0, shortfall
-        weight = min(self.CEILING, 2 * weight)
-        self.trace.append({"step": step, "lambda_forget": weight, "shortfall": shortfall})
-        return weight
 
 
 def run_unlearning(model_source: str, forget: list[dict], retain: list[dict] | None = None, *,
