@@ -142,6 +142,8 @@ def test_the_target_rule_on_a_written_out_inventory():
     with pytest.raises(EngineInputError, match=r"no modules named \['k_proj'\]; its projections are \['q_proj', "
                                                 r"'down_proj'\]"):
         resolve_targets(["k_proj"], modules, shape)
+    with pytest.raises(EngineInputError, match="model.layers.0.mlp.grouped is not a Linear, Conv1D or Embedding"):
+        resolve_targets(["grouped"], modules, shape)
     assert mlp_output_projections(modules, shape, 16, range(0, 1)) == ["model.layers.0.mlp.down_proj"]
 
 

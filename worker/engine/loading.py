@@ -117,7 +117,8 @@ def lora_modules(model, requested) -> list[str]:
     modules, shape = module_inventory(model)
     chosen = resolve_targets(requested, modules, shape)
     if requested == "auto":
-        chosen = [n for n in chosen if _peft_accepts(model, n.rsplit(".", 1)[-1])]
+        accepted = {suffix for suffix in suffixes(chosen) if _peft_accepts(model, suffix)}
+        chosen = [n for n in chosen if n.rsplit(".", 1)[-1] in accepted]
     return chosen
 
 
@@ -148,7 +149,10 @@ class Policy:
             config = LoraConfig(r=r, lora_alpha=alpha, lora_dropout=dropout, target_modules=self.adapted,
                                 bias="none", task_type="CAUSAL_LM",
                                 fan_in_fan_out=_mostly_conv1d(model, self.adapted))
-            self.model = get_peft_model(model, config)
+            try:
+                self.model = get_peft_model(model, config)
+            except ValueError as exc:  # a named module LoRA cannot wrap (a container, say)
+                raise EngineInputError(f"lora_targets: {str(exc).splitlines()[0]}", field="lora_targets") from None
             self.frozen = None
         else:
             self.model = model

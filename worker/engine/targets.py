@@ -93,13 +93,17 @@ def resolve_targets(requested, modules: list[ModuleInfo], shape: Shape) -> list[
                 field="lora_targets")
         return automatic
     names = [m.name for m in modules]
+    available = suffixes(automatic) or suffixes([m.name for m in modules if m.kind in PROJECTION_KINDS])
     missing = [t for t in requested if not any(matches(n, t) for n in names)]
     if missing:
-        raise EngineInputError(
-            f"lora_targets: the model has no modules named {missing}; its projections are "
-            f"{suffixes(automatic) or suffixes([m.name for m in modules if m.kind in PROJECTION_KINDS])}",
-            field="lora_targets")
-    return [n for n in names if any(matches(n, t) for t in requested)]
+        raise EngineInputError(f"lora_targets: the model has no modules named {missing}; its projections are "
+                               f"{available}", field="lora_targets")
+    chosen = [m for m in modules if any(matches(m.name, t) for t in requested)]
+    unwrappable = [m.name for m in chosen if m.kind not in (*PROJECTION_KINDS, "embedding")]
+    if unwrappable:
+        raise EngineInputError(f"lora_targets: {unwrappable[0]} is not a Linear, Conv1D or Embedding, so LoRA "
+                               f"cannot wrap it; its projections are {available}", field="lora_targets")
+    return [m.name for m in chosen]
 
 
 def check_requested(requested, modules: list[ModuleInfo], shape: Shape) -> None:

@@ -205,7 +205,7 @@ def run_unlearning(model_source: str, forget: list[dict], retain: list[dict] | N
         step += 1
         if not math.isfinite(parts["total"]):
             raise FloatingPointError(f"loss became {parts['total']} at step {step}")
-        loss_trace.append({"step": step, **parts, "open_records": len(chosen)})
+        loss_trace.append({"step": step, **parts, "forget_rows": len(chosen)})
         if progress is not None:
             progress({"step": step, "max_steps": params.max_steps, "losses": parts,
                       "violation_rate": rule.latest_v, "elapsed": time.perf_counter() - started})
@@ -222,7 +222,7 @@ def run_unlearning(model_source: str, forget: list[dict], retain: list[dict] | N
     if progress is not None and stop_reason != "cancelled":
         # One more report, so that the last V a client sees is the one measured at the stop.
         last_losses = {k: v for k, v in (loss_trace[-1] if loss_trace else {}).items()
-                       if k not in ("step", "open_records")}
+                       if k not in ("step", "forget_rows")}
         progress({"step": step, "max_steps": params.max_steps, "losses": last_losses,
                   "violation_rate": final_v, "elapsed": time.perf_counter() - started})
     never_trained = set(val_info.get("never_trained", []))
