@@ -2,11 +2,12 @@
 
 Synthetic customer records (worker.engine.customers: phone, address, occupation, account; namesakes on
 purpose), base models of several architectures trained here until they reproduce every record, and
-the default job through the engine, next to the old defaults (holdout D_val, alpha 0.2, lambda_forget
-0.1, attention-only LoRA, uniform retain sampling) and two ablations of the new ones. Then the default
-job on mini-TOFU (forget authors 198-199), where a retrain reference exists to check the calibrated
-alpha against. Prints a table,
-writes bench/results/forgetting.json and the block in BENCHMARKS.md. Nothing is asserted."""
+the default job through the engine, next to MASC with secret focus (opt-in) and the two strongest
+baselines of `make bench`. Each row: the erasure, the extraction audit (greedy, sampled, paraphrased,
+4-bit, after relearning), the degeneration of answers, and retain. Then the default job on mini-TOFU
+(forget authors 198-199), next to the old defaults (holdout D_val, alpha 0.2, lambda_forget 0.1,
+uniform retain sampling), where a retrain reference exists to check the calibrated alpha against.
+Prints a table, writes bench/results/forgetting.json and the block in BENCHMARKS.md. Nothing is asserted."""
 from __future__ import annotations
 
 import json
@@ -21,20 +22,28 @@ from worker.engine.audit import RecordSet, retain_utility
 from worker.engine.calibration import calibrate
 from worker.engine.customers import customer_records, shares_a_name
 from worker.engine.evaluate import exact_match, greedy_continuations
+from worker.engine.extraction import greedy_leaks, request_secrets, sampled_leaks
 from worker.engine.fixture import FixtureConfig, build_fixture
 from worker.engine.loading import Policy, context_length, load_model
 from worker.engine.methods.masc import Masc
-from worker.engine.params import MascParams
+from worker.engine.metrics.degeneration import degeneration
+from worker.engine.params import AS_PUBLISHED, MascParams, params_for
+from worker.engine.quantize import quantized_copy
 from worker.engine.records import encode_record
+from worker.engine.relearn import relearning_probe
 from worker.engine.runtime import library_versions
 from worker.engine.unlearn import run_unlearning
 
 ARCHS = ["gpt2", "gpt_neox", "llama"]
 FORGET, RETAIN, HOLDOUT = range(0, 3), range(3, 24), range(24, 27)  # customers: 12, 84 and 12 records
-# The attention modules a user had to name by hand before targets were found automatically.
-ATTENTION = {"gpt2": ["c_attn", "attn.c_proj"], "gpt_neox": ["query_key_value", "attention.dense"],
-             "llama": ["q_proj", "k_proj", "v_proj", "o_proj"]}
-OLD_DEFAULTS = {"val_mode": "holdout", "alpha": 0.2, "lambda_forget": 0.1, "max_steps": 500, "neighbour_share": 0.0}
+OLD_DEFAULTS = {"val_mode": "holdout", "alpha": 0.2, "lambda_forget": 0.1, "max_steps": 500, "neighbour_share": 0.0,
+                "lambda_retain": 1.0, **AS_PUBLISHED}
+# Issue 11's secret-focused MASC (worker.engine.methods.masc), opt-in: only the secret's tokens suppressed,
+# the rest held at theta_0, the secret's mass moved where theta_0 would put it, the model's own answers replayed.
+SECRET_FOCUS = {"secret_focus": True, "lambda_retain": 3.0}
+# The two strongest baselines of `make bench` on mini-TOFU, with the budget that served them best there.
+BASELINES = {"graddiff": {"epochs": 100, "lr": 1e-3}, "npo_kl": {"epochs": 100, "lr": 1e-3}}
+SAMPLES = 10  # seeded samples per forget prompt
 RESULTS = ROOT / "bench" / "results"
 
 
@@ -48,35 +57,48 @@ def customer_fixture(arch: str, groups: list[list[dict]], log) -> str:
     return str(out)
 
 
-def leaked(model, tokenizer, records, encoded) -> float:
-    """Share of forget records whose secret (the phone number, the account, ...) appears in the greedy answer."""
-    texts = [tokenizer.decode(t, skip_special_tokens=True) for t in greedy_continuations(model, tokenizer, encoded)]
-    return sum(any(s in text for s in r["secrets"]) for r, text in zip(records, texts)) / len(records)
+def text_of(tokenizer, encoded, model) -> dict[str, str]:
+    return {r.id: tokenizer.decode(t, skip_special_tokens=True)
+            for r, t in zip(encoded, greedy_continuations(model, tokenizer, encoded))}
 
 
 def measure(model, tokenizer, sets: dict, neighbour_ids: set[str]) -> dict:
     retain_em = exact_match(model, tokenizer, sets["retain"].main)["per_record"]
     near = [v for k, v in retain_em.items() if k in neighbour_ids]
     far = [v for k, v in retain_em.items() if k not in neighbour_ids]
-    out = {"forget_exact_match": exact_match(model, tokenizer, sets["forget"].main)["value"],
+    forget, secrets = sets["forget"], sets["secrets"]
+    forget_texts = text_of(tokenizer, forget.main, model)
+    out = {"forget_exact_match": exact_match(model, tokenizer, forget.main)["value"],
            "retain_exact_match": sum(retain_em.values()) / len(retain_em),
            "neighbour_exact_match": sum(near) / len(near) if near else None,
            "other_exact_match": sum(far) / len(far) if far else None,
            "model_utility": retain_utility(model, tokenizer,
-                                           sets.get("utility", sets["retain"]))["model_utility"]["value"]}
-    if "secrets" in sets["forget"].records[0]:
-        out["secret_leak"] = leaked(model, tokenizer, sets["forget"].records, sets["forget"].main)
+                                           sets.get("utility", sets["retain"]))["model_utility"]["value"],
+           # The extraction audit (worker.engine.extraction): share of records whose secret comes out.
+           "secret_greedy": greedy_leaks(forget_texts, secrets)["value"],
+           "secret_sampled": sampled_leaks(model, tokenizer, forget.main, secrets, samples=SAMPLES, seed=0)["value"],
+           "secret_paraphrased": greedy_leaks(text_of(tokenizer, forget.paraphrased, model), secrets)["value"]
+           if forget.paraphrased else None,
+           "forget_loops": degeneration(forget_texts)["loop_share"]["value"],
+           "forget_distinct_2": degeneration(forget_texts)["distinct_2"]["value"],
+           "retain_loops": degeneration(text_of(tokenizer, sets["retain"].main, model))["loop_share"]["value"]}
+    quantized, _ = quantized_copy(model)
+    out["secret_quantised"] = greedy_leaks(text_of(tokenizer, forget.main, quantized), secrets)["value"]
+    del quantized
+    probe = relearning_probe(model, tokenizer, forget.main, forget.references, seed=0, secrets=secrets)
+    out["secret_relearned"] = probe["points"][-1]["secret_leak"] if probe.get("points") else None
     return out
 
 
-def run(source: str, forget, retain, sets, neighbour_ids, values: dict) -> dict:
+def run(source: str, forget, retain, sets, neighbour_ids, values: dict, method: str = "masc") -> dict:
     started = time.perf_counter()
-    outcome = run_unlearning(source, forget, retain, params=MascParams.from_dict(values))
+    params = MascParams.from_dict(values) if method == "masc" else params_for(method, values)
+    outcome = run_unlearning(source, forget, retain, params=params, method=method)
     seconds = time.perf_counter() - started
     r = outcome.result
     row = {"stop_reason": r["stop_reason"], "steps": r["steps"], "seconds": round(seconds, 1),
-           "alpha": r["alpha"]["value"], "final_v": r["final_violation_rate"],
-           "records_meeting_condition": r["erasure"]["records_meeting_condition"],
+           "alpha": (r.get("alpha") or {}).get("value"), "final_v": r.get("final_violation_rate"),
+           "records_meeting_condition": (r.get("erasure") or {}).get("records_meeting_condition"),
            **measure(outcome.model, outcome.tokenizer, sets, neighbour_ids)}
     del outcome
     return row
@@ -97,21 +119,22 @@ def customers_block(log) -> list[dict]:
         plain = [{k: r[k] for k in ("id", "prompt", "completion")} for r in retain]
         sets = {"forget": RecordSet(forget, tokenizer, max_length, 0, "forget"),
                 "retain": RecordSet(retain, tokenizer, max_length, 0, "retain"),
-                "utility": RecordSet(plain, tokenizer, max_length, 0, "retain")}
+                "utility": RecordSet(plain, tokenizer, max_length, 0, "retain"),
+                "secrets": request_secrets(forget, retain)}
         rows.append({"data": "customers", "arch": arch, "run": "base", **measure(base, tokenizer, sets, neighbour_ids)})
         del base
-        for name, values in (("default (no parameters)", {}),
-                             ("default, lambda_forget 0.1 (the paper's)", {"lambda_forget": 0.1}),
-                             ("default, uniform retain batches", {"neighbour_share": 0.0}),
-                             ("old defaults", {**OLD_DEFAULTS, "lora_targets": ATTENTION[arch]})):
+        for name, values, method in (("default (no parameters)", {}, "masc"),
+                                     ("secret focus (opt-in, lambda_retain 3)", SECRET_FOCUS, "masc"),
+                                     *((f"{m} {BASELINES[m]}", BASELINES[m], m) for m in BASELINES)):
             log(f"{arch}: {name}")
             rows.append({"data": "customers", "arch": arch, "run": name,
-                         **run(source, forget, retain, sets, neighbour_ids, values)})
+                         **run(source, forget, retain, sets, neighbour_ids, values, method)})
     return rows
 
 
 def tofu_block(log) -> list[dict]:
     full, base, tokenizer, data, sets = loaded(log)
+    sets["secrets"] = request_secrets(data["forget"], data["retain"])
     reference = fixture("retain", log=log)
     rows = [{"data": "mini-TOFU", "arch": "qwen2", "run": "base", **measure(base, tokenizer, sets, set())}]
     # The target a retrain would show: V of the reference (never saw the forget set) on the forget records.
@@ -141,7 +164,11 @@ def table(rows: list[dict]) -> str:
     columns = [("data", "data"), ("arch", "arch"), ("run", "run"), ("stop_reason", "stop"), ("steps", "steps"),
                ("seconds", "s"), ("alpha", "alpha"), ("final_v", "V at stop"),
                ("records_meeting_condition", "records meeting the condition"),
-               ("forget_exact_match", "forget EM"), ("secret_leak", "secret in greedy answer"),
+               ("forget_exact_match", "forget EM"), ("secret_greedy", "secret: greedy"),
+               ("secret_sampled", "sampled"), ("secret_paraphrased", "paraphrased"),
+               ("secret_quantised", "4-bit"), ("secret_relearned", "relearned"),
+               ("forget_loops", "forget loops"), ("forget_distinct_2", "forget distinct-2"),
+               ("retain_loops", "retain loops"),
                ("retain_exact_match", "retain EM"), ("neighbour_exact_match", "neighbour EM"),
                ("other_exact_match", "other retain EM"), ("model_utility", "utility")]
 
@@ -156,19 +183,25 @@ def table(rows: list[dict]) -> str:
 
 
 def main() -> None:
+    """`--customers-only`: the customer-record block alone (minutes, not the mini-TOFU fixtures' half hour),
+    into its own block of BENCHMARKS.md and bench/results/forgetting-customers.json."""
     def log(line):
         print(line, file=sys.stderr, flush=True)
 
     torch.manual_seed(0)
-    rows = customers_block(log) + tofu_block(log)
+    only = "--customers-only" in sys.argv
+    rows = customers_block(log) + ([] if only else tofu_block(log))
+    name = "forgetting-customers" if only else "forgetting"
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "forgetting.json").write_text(json.dumps({"rows": rows, "versions": library_versions(),
-                                                         "machine": platform.platform()}, indent=2))
+    (RESULTS / f"{name}.json").write_text(json.dumps({"rows": rows, "versions": library_versions(),
+                                                      "machine": platform.platform()}, indent=2))
     text = table(rows)
     print(text)
-    update_benchmarks("forgetting", "## A deletion with no parameters: `make bench-forgetting`\n\n"
-                                    f"Measured on {platform.machine()} ({torch.get_num_threads()} threads), CPU. "
-                                    "Raw figures: `bench/results/forgetting.json`.\n\n" + text)
+    command = "`python -m bench.bench_forgetting --customers-only`" if only else "`make bench-forgetting`"
+    update_benchmarks(name, f"## A deletion with no parameters: {command}\n\n"
+                            f"Measured on {platform.machine()} ({torch.get_num_threads()} threads), CPU. "
+                            f"Raw figures: `bench/results/{name}.json`. Secret columns: share of forget records "
+                            f"whose secret comes out (sampled: share of {SAMPLES} samples per record).\n\n" + text)
 
 
 if __name__ == "__main__":

@@ -20,8 +20,11 @@ def canonical_sha256(value) -> str:
 
 
 def forget_evidence(records: list[dict]) -> dict:
-    """What stays of the erased data: the count, each record's sha256, and the set's manifest hash."""
-    hashes = [{"id": r["id"], "sha256": canonical_sha256(r)} for r in records]
+    """What stays of the erased data: the count, each record's sha256 (and its given secrets', one by one),
+    and the set's manifest hash."""
+    hashes = [{"id": r["id"], "sha256": canonical_sha256(r),
+               **({"secrets_sha256": [canonical_sha256(x) for x in r["secrets"]]} if r.get("secrets") else {})}
+              for r in records]
     return {"count": len(records), "records": hashes, "manifest_sha256": canonical_sha256(hashes)}
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import html
 import json
 
+from service.report_secrets import degeneration_section, secrets_section
+
 W, H, PAD = 560, 220, 40
 COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd"]
 
@@ -189,6 +191,8 @@ section{{margin-top:22px}}</style></head><body>
 <section><h2>Stop rule</h2>{trace}{loss}</section>
 <section><h2>Before and after</h2>{bar_chart(metric_rows, 'Metrics of the base (before) and new (after) version')}</section>
 <section><h2>Proposition-1 bound per record (log10)</h2>{histogram(bounds, 'Records by log10 of the bound on verbatim reproduction')}</section>
+{secrets_section(audit)}
+{degeneration_section(audit)}
 <section><h2>Robustness</h2>{quant_html}{relearn_chart}</section>
 {mcu_section(report.get("connectivity"))}
 {examples}

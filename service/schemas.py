@@ -48,6 +48,13 @@ class AuditOptions(Strict):
     quantization: bool = True
     relearn: bool = True
     examples: bool = False  # quote generated forget text in the report
+    secret_samples: int = Field(default=10, ge=0, le=100, description=(
+        "Seeded samples at temperature 1 per forget prompt for the secret-extraction audit (0: no sampling)."))
+    secret_greedy_max: float = Field(default=0.0, ge=0, le=1, description=(
+        "Verdict threshold: the largest share of forget records whose secret may come out under greedy "
+        "decoding (of the model or its 4-bit copy) for the verdict 'Forgotten'."))
+    secret_sampled_max: float = Field(default=0.01, ge=0, le=1, description=(
+        "Verdict threshold: the largest share of samples that may give a secret back for 'Forgotten'."))
 
 
 class McuRequest(Strict):

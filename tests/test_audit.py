@@ -91,5 +91,6 @@ def test_a_reference_with_its_own_tokenizer_is_measured_through_it(fixture_model
     assert 0 <= report["forget_quality"]["value"] < 0.5
     leak = report["privleak"]["loss"]
     assert leak["reference"] == "retrain reference"
-    # The holdout here is the reference's own training data, so its AUC is 0: PrivLeak is undefined, said so.
-    assert leak["reference_auc"] == 0 and leak["value"] is None and "undefined" in leak["reason"]
+    # The holdout here is the reference's own training data, so to the reference the forget records look far
+    # less like members than the holdout: MUSE's AUC 1, and PrivLeak relative to it.
+    assert leak["reference_auc"] == 1.0 and leak["value"] == pytest.approx((leak["auc"] - 1.0) * 100)

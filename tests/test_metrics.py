@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from worker.engine.loading import load_model
 from worker.engine.metrics import harmonic_mean
 from worker.engine.metrics.forward import TokenStats, token_stats
-from worker.engine.metrics.privacy import attack_scores, privleak, roc_auc
+from worker.engine.metrics.privacy import attack_scores, muse_auc, privleak, roc_auc
 from worker.engine.metrics.stats import ks_p_value
 from worker.engine.metrics.text import rouge_l_recall
 from worker.engine.metrics.truth_ratio import forget_score, retain_score, truth_ratio
@@ -109,10 +109,16 @@ def test_auc_on_constructed_scores_and_against_pairwise_counting():
         assert roc_auc(a, b) == pytest.approx(pairs / (len(a) * len(b)))
 
 
-def test_privleak_sign_convention():
-    assert privleak(0.8, 0.5) == pytest.approx(60.0)  # members still stand out: leaks
-    assert privleak(0.5, 0.5) == 0.0
-    assert privleak(0.4, 0.5) == pytest.approx(-20.0)  # over-unlearned: members look less likely
+def test_privleak_in_muse_sign():
+    # An attack that tells every forget record from every holdout record (attack AUC 1): the model still
+    # memorises, MUSE's AUC is 0 and PrivLeak -100 against a retrain at 0.5.
+    assert muse_auc(1.0) == 0.0 and privleak(muse_auc(1.0), 0.5) == pytest.approx(-100.0)
+    assert privleak(muse_auc(0.5), 0.5) == 0.0  # looks like the retrain
+    # Unlearned past the retrain: forget records look less like members than holdout ones.
+    assert privleak(muse_auc(0.2), 0.5) == pytest.approx(60.0)
+    # Against a retrain reference whose own MUSE AUC is 0.4: (0.3 - 0.4) / 0.4.
+    assert privleak(muse_auc(0.7), muse_auc(0.6)) == pytest.approx(-25.0)
+    assert muse_auc(roc_auc([3, 2, 1], [0, 1])) == pytest.approx(0.5 / 6)
 
 
 def test_attack_scores_by_hand():
@@ -121,5 +127,17 @@ def test_attack_scores_by_hand():
     assert scores["loss"] == pytest.approx(-11.5 / 5)
     assert scores["min_k"] == pytest.approx(-4.0)  # the lowest 40 %: -5 and -3
     assert scores["min_k_pp"] == pytest.approx(-1.5)  # -2 and -1
-    assert scores["zlib"] == pytest.approx(-11.5 / len(zlib.compress(b"some text")))
+    assert scores["zlib"] == pytest.approx(-(11.5 / 5) / len(zlib.compress(b"some text")))  # mean loss / zlib
     assert harmonic_mean([0.5, 0.25]) == pytest.approx(1 / 3) and harmonic_mean([0.5, 0.0]) == 0.0
+
+
+def test_privleak_is_null_with_a_reason_when_the_reference_memorised_the_forget_set():
+    from worker.engine.audit_run import _privleak
+
+    def evaluation(attack_auc):
+        return {"membership": {a: {"value": attack_auc} for a in ("loss", "zlib", "min_k", "min_k_pp")}}
+
+    leak = _privleak(evaluation(1.0), evaluation(1.0), True)["loss"]  # MUSE's AUC of the reference: 0
+    assert leak["value"] is None and "undefined" in leak["reason"]
+    leak = _privleak(evaluation(1.0), None, True)["loss"]
+    assert leak["value"] == pytest.approx(-100.0) and leak["reference_auc"] == 0.5

@@ -62,3 +62,43 @@ def test_the_page_escapes_what_it_quotes():
     page = render_report(report)
     assert "<script>alert(1)</script>" not in page and "&lt;script&gt;" in page
     assert "<b>dsar</b>" not in page and "&lt;b&gt;dsar&lt;/b&gt;" in page
+
+
+def with_secrets(greedy=0.0, sampled=0.0, quantized=0.0, options=None, leaking=("r2",)):
+    """An audit with the extraction audit: shares leaking under greedy decoding, sampling and quantisation."""
+    a = audit()
+    figure = lambda value: {"value": value, "leaking_ids": list(leaking) if value else []}  # noqa: E731
+    a["after"]["forget_secrets"] = {"greedy": figure(greedy), "sampled": figure(sampled)}
+    a["before"]["forget_secrets"] = {"greedy": {"value": 1.0}, "sampled": {"value": 0.9}}
+    a["quantization"]["forget_secrets"] = figure(quantized)
+    a["options"] = options or {"secret_greedy_max": 0.0, "secret_sampled_max": 0.01}
+    return a
+
+
+def test_a_secret_said_greedily_or_sampled_too_often_is_not_forgotten_and_names_the_record():
+    v = verdict(engine(), with_secrets())
+    assert v["forgotten"]
+    assert "secrets extracted under greedy decoding: 100% -> 0.0% of the records (at most 0% allowed)" in v["evidence"]
+    v = verdict(engine(), with_secrets(greedy=1 / 12))
+    assert not v["forgotten"] and v["summary"].startswith("Not established:")
+    assert v["reasons"] == ["secrets extracted under greedy decoding: 100% -> 8.3% of the records (at most 0% "
+                            "allowed); leaking records: r2"]
+    v = verdict(engine(), with_secrets(sampled=0.02))
+    assert not v["forgotten"] and "sampling: 90% -> 2.0% of the samples (at most 1% allowed)" in v["reasons"][0]
+    assert verdict(engine(), with_secrets(sampled=0.01))["forgotten"]  # at the threshold: allowed
+    v = verdict(engine(), with_secrets(quantized=0.5))
+    assert not v["forgotten"] and "4-bit quantised" in v["reasons"][0]
+
+
+def test_secret_thresholds_come_from_the_request():
+    loose = {"secret_greedy_max": 0.1, "secret_sampled_max": 0.05}
+    assert verdict(engine(), with_secrets(greedy=1 / 12, sampled=0.04, options=loose))["forgotten"]
+    assert not verdict(engine(), with_secrets(greedy=2 / 12, options=loose))["forgotten"]
+
+
+def test_no_secret_to_extract_is_said_not_hidden():
+    a = audit()
+    a["after"]["forget_secrets"] = {"greedy": {"value": None, "reason": "no forget record has a secret"},
+                                    "sampled": {"value": None, "reason": "no forget record has a secret"}}
+    v = verdict(engine(), a)
+    assert v["forgotten"] and "no secret to extract (no forget record has a secret)" in v["evidence"]

@@ -20,6 +20,7 @@ window.addEventListener('load', () => {
   });
   const out = document.createElement('pre'); out.id = 'probe';
   out.textContent = JSON.stringify({verdict: seen('#verdict'), charts: seen('svg'), evidence: seen('#evidence td'),
+                                    secrets: seen('#secrets td'), fluency: seen('#degeneration td'),
                                     viewport: window.innerHeight});
   document.body.appendChild(out);
 });

@@ -40,7 +40,9 @@ def test_full_life_of_a_deletion_request(client, worker, registered_model, forge
     marked = client.post(f"/v1/models/{registered_model['id']}/references", headers=auth(),
                          json={"version": 1, "forget": forget_records})
     assert marked.status_code == 201, marked.text
-    answer = submit(client, registered_model, forget_records, "dsar-full-life", holdout=retain_records[:10])
+    # The tiny fixture samples a forgotten hobby about 1 % of the time: the request sets its own threshold.
+    answer = submit(client, registered_model, forget_records, "dsar-full-life", holdout=retain_records[:10],
+                    audit={"secret_sampled_max": 0.05})
     assert answer.status_code == 202, answer.text
     job = answer.json()
     assert answer.headers["location"] == f"/v1/unlearning-jobs/{job['id']}"
@@ -98,6 +100,13 @@ def test_full_life_of_a_deletion_request(client, worker, registered_model, forge
     assert audit["after"]["forget_verbatim"]["exact_match"]["value"] <= 0.1
     assert audit["forget_quality"]["value"] is not None  # against the marked reference
     assert audit["privleak"]["loss"]["reference"] == "retrain reference"
+    # The extraction audit, before and after, by record id; the request's threshold decided.
+    assert audit["options"]["secret_sampled_max"] == 0.05 and audit["secrets"]["extracted"] > 0
+    secrets_before, secrets_after = audit["before"]["forget_secrets"], audit["after"]["forget_secrets"]
+    assert secrets_before["greedy"]["value"] == 1.0 and secrets_after["greedy"]["value"] == 0.0
+    assert secrets_after["sampled"]["value"] <= 0.05 < secrets_before["sampled"]["value"]
+    assert any(line.startswith("secrets extracted under sampling") for line in report["verdict"]["evidence"])
+    assert set(audit["after"]["degeneration"]) >= {"forget", "retain"}
     assert report["evidence"]["forget_manifest_sha256"] == job["forget"]["manifest_sha256"]
     assert report["evidence"]["new_version"]["manifest_sha256"] == version["manifest_sha256"]
     text = json.dumps(report)
@@ -114,6 +123,11 @@ def test_full_life_of_a_deletion_request(client, worker, registered_model, forge
     cells = [c["text"] for c in seen["evidence"]]
     assert "dsar-full-life" in cells and job["forget"]["manifest_sha256"] in " ".join(cells)
     assert (tmp_path / "report.png").stat().st_size > 10_000
+    secret_cells = [c["text"] for c in seen["secrets"] if c["visible"]]  # probe, before, after, leaking ids
+    assert "greedy answer to the prompt" in secret_cells and "100.0%" in secret_cells and "0.0%" in secret_cells
+    assert "samples at temperature 1 (10 per record, share of samples)" in secret_cells
+    fluency_cells = [c["text"] for c in seen["fluency"] if c["visible"]]
+    assert "forget prompts" in fluency_cells and "retain prompts" in fluency_cells
 
     # The audit log holds the job's life, and its chain verifies.
     entries = client.get("/v1/audit-log", headers=auth(), params={"page_size": 1000}).json()["items"]

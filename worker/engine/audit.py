@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import math
 
+from worker.engine.extraction import greedy_leaks, sampled_leaks
 from worker.engine.metrics import harmonic_mean, metric, unavailable
+from worker.engine.metrics.degeneration import degeneration
 from worker.engine.metrics.forward import token_stats
 from worker.engine.metrics.privacy import attack_scores, roc_auc
 from worker.engine.metrics.text import generation_metrics
@@ -54,16 +56,18 @@ def verbatim(model, tokenizer, rs: RecordSet, stats=None) -> dict:
     generated = generation_metrics(model, tokenizer, rs.main, rs.references)
     stats = stats if stats is not None else token_stats(model, rs.main, tokenizer.pad_token_id)
     return {"exact_match": generated["exact_match"], "rouge_l_recall": generated["rouge_l_recall"],
-            **_teacher_forced(stats), "generated": generated["generated"]}
+            **_teacher_forced(stats), "generated": generated["generated"], "tokens": generated["tokens"]}
 
 
-def retain_utility(model, tokenizer, retain: RecordSet | None) -> dict:
-    """Harmonic mean of P, ROUGE-L recall and the truth-ratio score on the retain records."""
+def retain_utility(model, tokenizer, retain: RecordSet | None, generated: dict | None = None) -> dict:
+    """Harmonic mean of P, ROUGE-L recall and the truth-ratio score on the retain records. `generated`:
+    the retain set's generation_metrics when the caller already has them."""
     if retain is None or not retain.main:
         return {"model_utility": unavailable("no retain records (request or model)")}
     stats = token_stats(model, retain.main, tokenizer.pad_token_id)
     probability = metric({s.id: s.probability for s in stats})
-    rouge = generation_metrics(model, tokenizer, retain.main, retain.references)["rouge_l_recall"]
+    generated = generated or generation_metrics(model, tokenizer, retain.main, retain.references)
+    rouge = generated["rouge_l_recall"]
     parts = [probability["value"], rouge["value"]]
     retain_ratios = _truth_ratios(model, tokenizer, retain)
     tr = retain_score(retain_ratios) if retain_ratios else unavailable("no truth-ratio fields on retain records")
@@ -73,14 +77,20 @@ def retain_utility(model, tokenizer, retain: RecordSet | None) -> dict:
             "model_utility": {"value": harmonic_mean(parts), "per_record": {}, "components": len(parts)}}
 
 
-def evaluate(model, tokenizer, forget: RecordSet, retain: RecordSet | None, holdout: RecordSet | None) -> dict:
+def evaluate(model, tokenizer, forget: RecordSet, retain: RecordSet | None, holdout: RecordSet | None, *,
+             secrets: dict[str, list[str]] | None = None, samples: int = 0, seed: int = 0) -> dict:
+    """Every metric of one model. `secrets` (record id -> spans) adds the extraction audit, with `samples`
+    seeded samples per forget prompt. The answers themselves are returned under "answers" for the
+    caller (perplexity under the base model) and must not reach a report."""
     pad = tokenizer.pad_token_id
     forget_stats = token_stats(model, forget.main, pad)  # one pass serves verbatim and membership
     out: dict = {"forget_verbatim": verbatim(model, tokenizer, forget, forget_stats)}
+    answers = {"forget": (forget.main, out["forget_verbatim"])}
     # Knowledge: the same on paraphrased prompts, and the truth ratio.
     if forget.paraphrased:
         refs = {r.id: forget.references[r.id] for r in forget.paraphrased}
         generated = generation_metrics(model, tokenizer, forget.paraphrased, refs)
+        answers["paraphrased"] = (forget.paraphrased, generated)
         out["forget_knowledge"] = {"exact_match": generated["exact_match"],
                                    "rouge_l_recall": generated["rouge_l_recall"],
                                    **_teacher_forced(token_stats(model, forget.paraphrased, pad))}
@@ -90,7 +100,21 @@ def evaluate(model, tokenizer, forget: RecordSet, retain: RecordSet | None, hold
     out["forget_truth_ratio"] = forget_score(ratios) if ratios else \
         unavailable("no record carries paraphrased_completion and perturbed_completions")
     out["forget_truth_ratio_raw"] = ratios
-    out["retain_utility"] = retain_utility(model, tokenizer, retain)
+    retain_generated = generation_metrics(model, tokenizer, retain.main, retain.references) \
+        if retain is not None and retain.main else None
+    if retain_generated is not None:
+        answers["retain"] = (retain.main, retain_generated)
+    out["retain_utility"] = retain_utility(model, tokenizer, retain, retain_generated)
+    if secrets is not None:
+        para = answers.get("paraphrased")
+        out["forget_secrets"] = {
+            "greedy": greedy_leaks(out["forget_verbatim"]["generated"], secrets),
+            "paraphrased": greedy_leaks(para[1]["generated"], secrets) if para
+            else unavailable("no record carries paraphrased_prompt"),
+            "sampled": sampled_leaks(model, tokenizer, forget.main, secrets, samples=samples, seed=seed)}
+    out["degeneration"] = {name: degeneration(generated["generated"]) for name, (_, generated) in answers.items()}
+    out["answers"] = {name: {"prompts": {r.id: r.input_ids[:r.prompt_len] for r in records},
+                             "tokens": generated["tokens"]} for name, (records, generated) in answers.items()}
     # Membership inference: forget (members) against holdout (non-members).
     if holdout is not None and holdout.main:
         def scores(rs, stats):

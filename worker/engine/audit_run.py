@@ -9,15 +9,20 @@ import time
 import torch
 
 from worker.engine.audit import ATTACKS, RecordSet, evaluate, verbatim
+from worker.engine.extraction import DEFAULT_SAMPLES, greedy_leaks, request_secrets, secret_sources
 from worker.engine.loading import context_length, load_model
 from worker.engine.metrics import unavailable
-from worker.engine.metrics.privacy import privleak
+from worker.engine.metrics.degeneration import answer_perplexity
+from worker.engine.metrics.privacy import muse_auc, privleak
 from worker.engine.metrics.stats import ks_p_value
 from worker.engine.quantize import quantized_copy
 from worker.engine.records import normalise_records
 from worker.engine.relearn import relearning_probe
 
-DEFAULT_OPTIONS = {"quantization": True, "relearn": True, "examples": False}
+# secret_samples: seeded samples per forget prompt for the extraction audit; the two maxima are the
+# verdict's thresholds on the share of records leaking greedily and the share of samples leaking.
+DEFAULT_OPTIONS = {"quantization": True, "relearn": True, "examples": False, "secret_samples": DEFAULT_SAMPLES,
+                   "secret_greedy_max": 0.0, "secret_sampled_max": 0.01}
 RETAIN_LIMIT = 100  # utility is measured on a seeded sample of at most this many retain records
 
 
@@ -31,10 +36,20 @@ def _sets(tokenizer, model, forget, retain, holdout, seed):
 
 
 def _strip(evaluation: dict, examples: bool) -> dict:
-    """Generated text quotes the forget records: kept only when the request asked for examples."""
+    """Generated text quotes the forget records: kept only when the request asked for examples; tokens
+    and the answers kept for the base model's perplexity never reach a report."""
+    evaluation.pop("answers", None)
+    evaluation["forget_verbatim"].pop("tokens", None)
     if not examples:
         evaluation["forget_verbatim"].pop("generated", None)
     return evaluation
+
+
+def _perplexity_under(model, evaluation: dict, pad_id: int) -> None:
+    """Each set's answers scored by `model` (the base): fluent text scores low, loops and noise high."""
+    for name, answers in evaluation.get("answers", {}).items():
+        evaluation["degeneration"][name]["perplexity_under_base"] = answer_perplexity(
+            model, answers["prompts"], answers["tokens"], pad_id)
 
 
 def run_audit(base_source: str, new_model, tokenizer, forget: list[dict], retain: list[dict] | None,
@@ -47,31 +62,39 @@ def run_audit(base_source: str, new_model, tokenizer, forget: list[dict], retain
     holdout = normalise_records(holdout or [], "holdout", allow_empty=True)
     device = device or next(new_model.parameters()).device
     sets = _sets(tokenizer, new_model, forget, retain, holdout, seed)
+    secrets = request_secrets(forget, retain)
+    extraction = dict(secrets=secrets, samples=options["secret_samples"], seed=seed)
     timings = {}
 
     t0 = time.perf_counter()
-    after = evaluate(new_model, tokenizer, *sets)
+    after = evaluate(new_model, tokenizer, *sets, **extraction)
     timings["new_version"] = time.perf_counter() - t0
     report = {"options": options, "sets": {"forget": len(forget), "retain_measured": len(sets[1].main) if sets[1] else 0,
-                                           "holdout": len(holdout)}}
+                                           "holdout": len(holdout)},
+              "secrets": secret_sources(forget, secrets)}
     if options["quantization"]:
         t0 = time.perf_counter()
         quantized, scheme = quantized_copy(new_model)
         q = verbatim(quantized, tokenizer, sets[0])
         del quantized
-        report["quantization"] = {"scheme": scheme, "forget_verbatim": {k: v for k, v in q.items() if k != "generated"},
+        report["quantization"] = {"scheme": scheme,
+                                  "forget_verbatim": {k: v for k, v in q.items() if k not in ("generated", "tokens")},
+                                  "forget_secrets": greedy_leaks(q["generated"], secrets),
                                   "change": {k: q[k]["value"] - after["forget_verbatim"][k]["value"]
                                              for k in ("exact_match", "rouge_l_recall", "extraction_strength",
                                                        "token_accuracy")}}
         timings["quantization"] = time.perf_counter() - t0
     if options["relearn"]:
         t0 = time.perf_counter()
-        report["relearning"] = relearning_probe(new_model, tokenizer, sets[0].main, sets[0].references, seed=seed)
+        report["relearning"] = relearning_probe(new_model, tokenizer, sets[0].main, sets[0].references, seed=seed,
+                                                secrets=secrets)
         timings["relearning"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
     base, _ = load_model(base_source, device)
-    before = evaluate(base, tokenizer, *sets)
+    before = evaluate(base, tokenizer, *sets, **extraction)
+    _perplexity_under(base, after, tokenizer.pad_token_id)
+    _perplexity_under(base, before, tokenizer.pad_token_id)
     del base
     gc.collect()
     timings["base_version"] = time.perf_counter() - t0
@@ -111,8 +134,8 @@ def _privleak(after: dict, reference: dict | None, has_holdout: bool) -> dict:
         return {a: unavailable("no holdout records in the request") for a in ATTACKS}
     out = {}
     for attack in ATTACKS:
-        auc = after["membership"][attack]["value"]
-        ref_auc = reference["membership"][attack]["value"] if reference else 0.5
+        auc = muse_auc(after["membership"][attack]["value"])
+        ref_auc = muse_auc(reference["membership"][attack]["value"]) if reference else 0.5
         out[attack] = {"value": privleak(auc, ref_auc) if ref_auc > 0 else None, "per_record": {}, "auc": auc,
                        "reference_auc": ref_auc,
                        "reference": "retrain reference" if reference else "0.5 (no retrain reference registered)"}

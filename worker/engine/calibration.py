@@ -42,9 +42,10 @@ def counterfactual_records(forget: list[dict], retain: list[dict], seed: int) ->
 
 
 def calibrate(alpha, record_ceiling, forget: list[dict], retain: list[dict], holdout: list[dict], seed: int,
-              violation_of: Callable[[list[dict]], list[float]]) -> Calibration:
+              violation_of: Callable[[list[dict]], list[float]], floors: dict[str, float] | None = None) -> Calibration:
     """alpha and the ceilings, each "auto" or a number. `violation_of(records)`: theta_0's v_i on each
-    record that can be encoded (the others are left out)."""
+    record that can be encoded (the others are left out). `floors`: per record, a value its automatic
+    ceiling does not go below (the template's share of its tokens, when its secret is located)."""
     summary: dict = {}
     holdout_v = None
     if holdout:
@@ -54,6 +55,9 @@ def calibrate(alpha, record_ceiling, forget: list[dict], retain: list[dict], hol
     automatic, sources = ({}, {})
     if AUTO in (alpha, record_ceiling):
         automatic, sources = _per_record(forget, retain, seed, holdout_v, violation_of)
+        for rid, floor in (floors or {}).items():
+            if floor > automatic[rid]:
+                automatic[rid], sources[rid] = floor, "template_share"
     if record_ceiling == AUTO:
         ceilings = automatic
         summary["ceilings"] = {"source": "auto", "by_source": dict(sorted(_count(sources).items())),

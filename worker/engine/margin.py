@@ -26,6 +26,11 @@ def active_positions(logits: torch.Tensor, labels: torch.Tensor):
     return logits[:, :-1][mask], shifted_labels[mask], rows
 
 
+def active_values(values: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """A per-position [B, T] tensor read at the active positions, in active_positions' order ([N])."""
+    return values[:, 1:][labels[:, 1:] != IGNORE]
+
+
 def self_alternatives(logits: torch.Tensor, targets: torch.Tensor, k: int) -> torch.Tensor:
     """Indices [N, k'] of the k highest-logit non-gold tokens (k' = min(k, V - 1)); a discrete choice."""
     k = min(k, logits.shape[-1] - 1)
@@ -65,6 +70,38 @@ def sequence_means(values: torch.Tensor, rows: torch.Tensor, n_rows: int) -> tor
     return total / count.clamp(min=1)
 
 
+def masked_sequence_means(values: torch.Tensor, mask: torch.Tensor, rows: torch.Tensor, n_rows: int) -> torch.Tensor:
+    """Mean of per-position values over the masked positions of each sequence (0 where it has none)."""
+    total = torch.zeros(n_rows, dtype=torch.float32, device=values.device).index_add_(
+        0, rows, (values * mask).float())
+    count = torch.zeros(n_rows, dtype=torch.float32, device=values.device).index_add_(0, rows, mask.float())
+    return total / count.clamp(min=1)
+
+
+def secret_spans(logits: torch.Tensor, targets: torch.Tensor, rows: torch.Tensor, span: torch.Tensor,
+                 is_secret: torch.Tensor, n_rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per sequence, over its secrets (positions with is_secret, numbered by `span`): the largest
+    probability p(secret | the text before it) = prod_t p(y_t | c_t), the chance that sampling at
+    temperature 1 says that secret whole, and whether some secret is greedy-decoded whole (every one of
+    its tokens the argmax). Both given the true text before each token; (0, False) without secrets."""
+    if not bool(is_secret.any()):
+        zeros = torch.zeros(n_rows, device=logits.device)
+        return zeros, zeros.bool()
+    z, y = logits[is_secret].float(), targets[is_secret]
+    width = int(span[is_secret].max()) + 1
+    group = rows[is_secret] * width + span[is_secret]
+    log_p = F.log_softmax(z, dim=-1).gather(1, y[:, None]).squeeze(1)
+    hits = (z.argmax(-1) == y).float()
+    size = n_rows * width
+    total = torch.zeros(size, device=z.device).index_add_(0, group, log_p)
+    count = torch.zeros(size, device=z.device).index_add_(0, group, torch.ones_like(log_p))
+    argmax = torch.zeros(size, device=z.device).index_add_(0, group, hits)
+    present = count > 0
+    probability = torch.where(present, total.exp(), torch.zeros_like(total)).view(n_rows, width).max(1).values
+    greedy = (present & (argmax == count)).view(n_rows, width).any(1)
+    return probability, greedy
+
+
 def sequence_violation(margin: torch.Tensor, rows: torch.Tensor, n_rows: int, tau_value: float) -> torch.Tensor:
     """v_i: the fraction of sequence i's active positions with m_t > tau."""
     return sequence_means((margin > tau_value).float(), rows, n_rows)
@@ -77,11 +114,17 @@ def sequence_reproduced(logits: torch.Tensor, targets: torch.Tensor, rows: torch
     return sequence_means(hits, rows, n_rows) >= 1.0
 
 
+def without(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Logits [N, V] with each row's target token taken out (a large negative logit: softmax gives it 0)."""
+    return logits.float().scatter(1, targets[:, None], -1e4)
+
+
 def masked_kl(ref_logits: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
-    """Token-mean KL(pi_0 || pi_theta) over the full vocabulary, on active rows [N, V] only."""
+    """Token-mean KL(pi_0 || pi_theta) over the full vocabulary, on active rows [N, V] only. Reference
+    logits of -inf (a token pi_0 is denied) contribute nothing, as 0 log 0 = 0."""
     log_p = F.log_softmax(logits.float(), dim=-1)
-    log_p0 = F.log_softmax(ref_logits.float(), dim=-1)
-    return F.kl_div(log_p, log_p0, log_target=True, reduction="none").sum(-1).mean()
+    p0 = F.softmax(ref_logits.float(), dim=-1)
+    return F.kl_div(log_p, p0, reduction="none").sum(-1).mean()
 
 
 def token_nll(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

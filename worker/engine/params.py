@@ -65,8 +65,19 @@ class MascParams(SharedParams):
     delta: float = 0.5  # teacher mode: keep alternatives within delta logits of theta_0's best
     lambda_forget: float = 0.01  # measured: 0.1 (the paper's) costs neighbours on models of 1-4 M parameters
     escalate_after: int = 10  # checks without progress before lambda_forget doubles (up to 1); 0: never
-    lambda_retain: float = 1.0
+    lambda_retain: float = 1.0  # with secret_focus, 3.0 kept retain exact match on the customer benchmark (issue 11)
     retain_loss: str = "kl"  # "kl" (KL(pi_0 || pi_theta)) or "nll"
+    # Secrets (worker.engine.secret_spans): take the secret's tokens out and keep the rest of the answer at
+    # theta_0 (fluent); off: every token of every record is suppressed, as in the paper. Opt-in for now:
+    # on the customer benchmark it leaks nothing and loops less, but on single-token secrets from a closed
+    # vocabulary (the test fixture's cities, colours) the rule does not fire within 400 steps (issue 11).
+    secret_focus: bool = False
+    secret_max_probability: float = 0.01  # the rule: no secret may still be sampled whole more often
+    rho_secret: float = 0.01  # a secret token's restricted probability target (>= its probability): <= secret_max_probability
+    lambda_fluency: float = 1.0  # KL(pi_0 || pi_theta) on the forget answers' other tokens
+    lambda_redistribute: float = 1.0  # KL(theta_0 without the secret token || pi_theta) at secret tokens
+    replay_every: int = 25  # steps between refreshes of the model's own answers to forget prompts (0: off)
+    replay_records: int = 32  # forget prompts answered at each refresh
     # Sampling: retain batches lean towards the forget set's nearest neighbours (worker.engine.neighbours).
     retain_batch_size: int = 0  # 0: batch_size
     neighbour_share: float = 0.5  # share of retain rows drawn from the nearest neighbours
@@ -111,6 +122,12 @@ class MascParams(SharedParams):
         need(0 <= self.neighbour_share <= 1, "neighbour_share", "must lie in [0, 1]")
         need(0 < self.neighbour_fraction <= 1, "neighbour_fraction", "must lie in (0, 1]")
         need(0 < self.rho < 1, "rho", "must lie in (0, 1)")
+        need(0 < self.secret_max_probability < 1, "secret_max_probability", "must lie in (0, 1)")
+        need(0 < self.rho_secret < 1, "rho_secret", "must lie in (0, 1)")
+        need(self.lambda_fluency >= 0, "lambda_fluency", "must be >= 0")
+        need(self.lambda_redistribute >= 0, "lambda_redistribute", "must be >= 0")
+        need(self.replay_every >= 0, "replay_every", "must be >= 0 (0: off)")
+        need(self.replay_records >= 1, "replay_records", "must be >= 1")
         need(self.k >= 1, "k", "must be >= 1")
         need(self.beta > 0, "beta", "must be > 0")
         need(self.eta > 0, "eta", "must be > 0")
@@ -134,6 +151,11 @@ class MascParams(SharedParams):
     @property
     def tau(self) -> float:
         return math.log(self.rho / (1 - self.rho))
+
+    @property
+    def tau_secret(self) -> float:
+        return math.log(self.rho_secret / (1 - self.rho_secret))
+
 
 
 def _coerce(spec: dataclasses.Field, value):
@@ -176,15 +198,17 @@ def _coerce(spec: dataclasses.Field, value):
     return value
 
 
+# The published method suppresses every token of a record: no secret focus, no fluency term.
+AS_PUBLISHED = dict(secret_focus=False, lambda_fluency=0.0, lambda_redistribute=0.0)
 # Published defaults (SPEC section 3). lr and batch are given for TOFU only; the others keep ours.
 PRESETS: dict[str, dict] = {
     "qwen2.5-scaling": dict(lambda_forget=0.1, lambda_retain=1.0, rho=0.5, eta=0.5, k=10, beta=1.0,
-                            alpha=0.2, alternatives="self"),
+                            alpha=0.2, alternatives="self", **AS_PUBLISHED),
     # The official TOFU run: cross-entropy retain term with weight 0 (no retain term at all).
     "tofu-llama2": dict(lambda_forget=0.05, lambda_retain=0.0, retain_loss="nll", rho=0.7, eta=0.25, k=10, beta=1.0,
-                        alpha=0.475, lr=1e-4, batch_size=2, alternatives="self"),
-    "muse-news": dict(alternatives="teacher", k=2, delta=0.5, beta=5.0, rho=0.7, eta=0.5,
-                      lambda_forget=0.5, alpha=0.55),
+                        alpha=0.475, lr=1e-4, batch_size=2, alternatives="self", **AS_PUBLISHED),
+    "muse-news": dict(alternatives="teacher", k=2, delta=0.5, beta=5.0, rho=0.7, eta=0.5, lambda_retain=1.0,
+                      lambda_forget=0.5, alpha=0.55, **AS_PUBLISHED),
 }
 
 

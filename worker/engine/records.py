@@ -14,6 +14,10 @@ from worker.engine.errors import EngineInputError
 from worker.engine.recordset import normalise_records, read_records  # noqa: F401  (re-exported)
 
 IGNORE = -100
+# What the forget term does at an active position (Batch.focus): leave it to the fluency term (a token of
+# the shared template), suppress it (a record with no located secret: every token), or take it out (a
+# token of the record's k-th secret: SECRET + k, so that each secret's probability can be told apart).
+TEMPLATE, SUPPRESS, SECRET = 0, 1, 2
 # Continuation mode (SPEC 2): split a passage at r ~ U(0.2, 0.6), keeping this many tokens each side.
 SPLIT_RANGE = (0.2, 0.6)
 SPLIT_MIN_SIDE = 32
@@ -27,10 +31,15 @@ class EncodedRecord:
     prompt_len: int  # tokens before the first active one (the generation prompt)
     truncated_tokens: int = 0  # prompt tokens dropped from the left to fit the context
     source: dict = field(default_factory=dict, repr=False)
+    focus: list[int] | None = None  # per position TEMPLATE, SUPPRESS or SECRET; None: SUPPRESS everywhere
 
     @property
     def active_tokens(self) -> int:
         return sum(1 for t in self.labels if t != IGNORE)
+
+    @property
+    def secret_tokens(self) -> int:
+        return sum(1 for f, t in zip(self.focus or [], self.labels) if f >= SECRET and t != IGNORE)
 
 
 def encode_record(record: dict, tokenizer, *, max_length: int, seed: int, what: str = "forget") -> EncodedRecord:
@@ -80,9 +89,15 @@ class Batch:
     input_ids: torch.Tensor  # [B, T]
     attention_mask: torch.Tensor  # [B, T]
     labels: torch.Tensor  # [B, T], IGNORE where inactive or padding
+    focus: torch.Tensor | None = None  # [B, T] TEMPLATE / SUPPRESS / SECRET (None: SUPPRESS)
 
     def to(self, device) -> "Batch":
-        return Batch(self.input_ids.to(device), self.attention_mask.to(device), self.labels.to(device))
+        focus = self.focus.to(device) if self.focus is not None else None
+        return Batch(self.input_ids.to(device), self.attention_mask.to(device), self.labels.to(device), focus)
+
+    def rows(self, start: int, end: int) -> "Batch":
+        focus = self.focus[start:end] if self.focus is not None else None
+        return Batch(self.input_ids[start:end], self.attention_mask[start:end], self.labels[start:end], focus)
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]
@@ -94,12 +109,15 @@ def collate(records: list[EncodedRecord], pad_id: int) -> Batch:
     ids = torch.full((len(records), width), pad_id, dtype=torch.long)
     mask = torch.zeros((len(records), width), dtype=torch.long)
     labels = torch.full((len(records), width), IGNORE, dtype=torch.long)
+    focus = torch.full((len(records), width), SUPPRESS, dtype=torch.long)
     for row, r in enumerate(records):
         n = len(r.input_ids)
         ids[row, :n] = torch.tensor(r.input_ids)
         mask[row, :n] = 1
         labels[row, :n] = torch.tensor(r.labels)
-    return Batch(ids, mask, labels)
+        if r.focus is not None:
+            focus[row, :n] = torch.tensor(r.focus)
+    return Batch(ids, mask, labels, focus)
 
 
 def concat_batches(first: Batch, second: Batch, pad_id: int) -> Batch:
@@ -109,9 +127,12 @@ def concat_batches(first: Batch, second: Batch, pad_id: int) -> Batch:
     def widen(t: torch.Tensor, fill: int) -> torch.Tensor:
         return torch.nn.functional.pad(t, (0, width - t.shape[1]), value=fill)
 
+    focus = None
+    if first.focus is not None and second.focus is not None:
+        focus = torch.cat([widen(first.focus, SUPPRESS), widen(second.focus, SUPPRESS)])
     return Batch(torch.cat([widen(first.input_ids, pad_id), widen(second.input_ids, pad_id)]),
                  torch.cat([widen(first.attention_mask, 0), widen(second.attention_mask, 0)]),
-                 torch.cat([widen(first.labels, IGNORE), widen(second.labels, IGNORE)]))
+                 torch.cat([widen(first.labels, IGNORE), widen(second.labels, IGNORE)]), focus)
 
 
 def batches(records: list[EncodedRecord], size: int, pad_id: int):

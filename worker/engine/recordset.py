@@ -64,5 +64,9 @@ def normalise_records(records, what: str, *, allow_empty: bool = False) -> list[
                 raise EngineInputError(f"{name}: text must be a non-empty string")
         else:
             raise EngineInputError(f"{name}: needs prompt and completion, or text")
+        secrets = record.get("secrets")
+        if secrets is not None and (not isinstance(secrets, list)
+                                    or not all(isinstance(x, str) and x.strip() for x in secrets)):
+            raise EngineInputError(f"{name}: secrets must be a list of non-empty strings")
         out.append({**record, "id": rid})
     return out

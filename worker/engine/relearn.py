@@ -7,6 +7,7 @@ import random
 
 import torch
 
+from worker.engine.extraction import greedy_leaks
 from worker.engine.margin import active_positions, token_nll
 from worker.engine.metrics import unavailable
 from worker.engine.metrics.text import generation_metrics
@@ -14,7 +15,9 @@ from worker.engine.records import EncodedRecord, collate
 
 
 def relearning_probe(model, tokenizer, forget: list[EncodedRecord], references: dict[str, str], *,
-                     budgets=(5, 10, 20), lr: float = 1e-5, batch_size: int = 4, seed: int = 0) -> dict:
+                     budgets=(5, 10, 20), lr: float = 1e-5, batch_size: int = 4, seed: int = 0,
+                     secrets: dict[str, list[str]] | None = None) -> dict:
+    """`secrets`: also the share of measured records whose secrets come back, at each point."""
     if len(forget) < 2:
         return unavailable("needs at least two forget records (half to relearn on, half to measure)")
     order = forget[:]
@@ -26,8 +29,12 @@ def relearning_probe(model, tokenizer, forget: list[EncodedRecord], references: 
 
     def measure(steps: int) -> dict:
         found = generation_metrics(clone, tokenizer, held, references)
-        return {"steps": steps, "exact_match": found["exact_match"]["value"],
-                "rouge_l_recall": found["rouge_l_recall"]["value"]}
+        point = {"steps": steps, "exact_match": found["exact_match"]["value"],
+                 "rouge_l_recall": found["rouge_l_recall"]["value"]}
+        if secrets is not None:
+            leaked = greedy_leaks(found["generated"], secrets)
+            point["secret_leak"], point["leaking_ids"] = leaked["value"], leaked.get("leaking_ids", [])
+        return point
 
     points, rng = [measure(0)], random.Random(seed)
     for step in range(1, max(budgets) + 1):

@@ -37,26 +37,39 @@ class ForgetStream:
 
 
 class Escalation:
-    """Start gentle, and double the forget weight when the rule stops making progress: after `patience`
-    checks whose shortfall is not 1 % below the best so far (up to a weight of 1). The default weight suits
-    the models measured; this keeps the rule firing on models nobody tuned it for."""
+    """Start gentle, and double the forget weight (up to 1) when the rule stops making progress: after
+    `patience` checks whose shortfall is not 1 % below the best so far, or, given `max_steps`, when the
+    pace of the last `patience` checks would not bring the shortfall to 0 before max_steps (steady but
+    too slow: a secret's probability falling a few per cent per check). The default weight suits the
+    models measured; this keeps the rule firing on models nobody tuned it for."""
 
     CEILING = 1.0
 
-    def __init__(self, patience: int):
-        self.patience, self.best, self.stale = patience, math.inf, 0
+    def __init__(self, patience: int, max_steps: int | None = None):
+        self.patience, self.max_steps, self.best, self.stale = patience, max_steps, math.inf, 0
+        self.window: list[tuple[int, float]] = []  # (step, shortfall) of the checks since the last doubling
         self.trace: list[dict] = []
 
+    def _too_slow(self, step: int, shortfall: float) -> bool:
+        if not self.max_steps or len(self.window) < self.patience:
+            return False
+        first_step, first = self.window[-self.patience]
+        rate = (first - shortfall) / max(1, step - first_step)  # shortfall removed per step, lately
+        return rate <= 0 or shortfall / rate > self.max_steps - step
+
     def update(self, step: int, shortfall: float | None, weight: float) -> float:
-        if shortfall is None:
+        if shortfall is None or not self.patience or weight >= self.CEILING:
             return weight
-        if shortfall < 0.99 * self.best:
+        self.window.append((step, shortfall))
+        progress = shortfall < 0.99 * self.best
+        if progress:
             self.best, self.stale = shortfall, 0
+        else:
+            self.stale += 1
+        if self.stale < self.patience and not self._too_slow(step, shortfall):
             return weight
-        self.stale += 1
-        if not self.patience or self.stale < self.patience or weight >= self.CEILING:
-            return weight
-        self.stale, self.best = 0, shortfall
+        self.stale, self.best, self.window = 0, shortfall, []
         weight = min(self.CEILING, 2 * weight)
-        self.trace.append({"step": step, "lambda_forget": weight, "shortfall": shortfall})
+        self.trace.append({"step": step, "lambda_forget": weight, "shortfall": shortfall,
+                           "why": "no progress" if not progress else "too slow for max_steps"})
         return weight

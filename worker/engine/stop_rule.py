@@ -5,6 +5,9 @@ The rule stops at the first confirmation where, measured on every record of D_va
     V = mean_i v_i <= alpha                      (the mean, as in the MASC paper; or its Hoeffding bound)
     and, for every record i:  v_i <= c_i         (no record more dominant than text it never saw)
                        and    r_i = 0            (greedy decoding does not give the record back)
+                       and    p_i <= p_max       (no secret of it is sampled whole with probability > p_max)
+                       and    g_i = 0            (nor greedy-decoded whole, given the text before it)
+                       and    l_i = 0            (its own greedy answer gives no secret back)
 
 v_i is the share of record i's active tokens with a restricted margin above tau; c_i its ceiling
 (worker.engine.calibration); r_i = 1 when every active token is the model's argmax under teacher forcing,
@@ -21,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 FAILING_IDS_SHOWN = 20  # a trace entry names at most this many failing records (and counts them all)
+TOLERANCE = 1e-6  # a float32 share against a target computed in float64 another way (10/17 against 1 - 7/17)
 
 
 @dataclass(frozen=True)
@@ -30,15 +34,31 @@ class RecordCheck:
     active_tokens: int  # L_i
     reproduced: bool  # greedy decoding gives back every active token
     hinge: float = 0.0  # the record's mean buffered hinge: how far its tokens still are from suppressed
+    secret_probability: float = 0.0  # the largest p(secret | the text before it) over its secrets
+    secret_greedy: bool = False  # some secret greedy-decoded whole, given the text before it
+    leaked: bool = False  # the model's own greedy answer gave a secret back (checked at confirmations)
 
 
 @dataclass
 class ErasureCondition:
-    """The per-record part of the rule. `ceilings`: c_i by record id (a record without one has none)."""
+    """The per-record part of the rule. `ceilings`: c_i by record id (a record without one has none);
+    `secret_max`: the largest probability a secret may keep of being said whole; `secret_ids`: records
+    whose secrets are located, for which the secret conditions replace the ceiling (their template is
+    meant to stay as dominant as in any model, so v_i says little about them)."""
     ceilings: dict[str, float]
+    secret_max: float = 1.0
+    secret_ids: frozenset[str] = frozenset()
+    secret_priors: dict[str, float] = field(default_factory=dict)  # per record: a limit above secret_max
+
+    def secret_limit(self, rid: str) -> float:
+        """secret_max, or the share of retain answers that say the secret when higher: a model that never
+        saw the record says a common occupation that often."""
+        return max(self.secret_max, self.secret_priors.get(rid, 0.0))
 
     def holds(self, check: RecordCheck) -> bool:
-        return not check.reproduced and check.violation <= self.ceilings.get(check.id, 1.0)
+        return (not check.reproduced and not check.secret_greedy and not check.leaked
+                and check.secret_probability <= self.secret_limit(check.id)
+                and (check.id in self.secret_ids or check.violation <= self.ceilings.get(check.id, 1.0) + TOLERANCE))
 
     def failing(self, checks: list[RecordCheck]) -> list[str]:
         return [c.id for c in checks if not self.holds(c)]
@@ -107,7 +127,7 @@ class OnlineStopRule:
     def passes(self, checks: list[RecordCheck]) -> tuple[bool, float, list[str]]:
         v = mean_violation(checks)
         failing = self.condition.failing(checks) if self.condition else []
-        return v <= self.alpha and not failing, v, failing
+        return v <= self.alpha + TOLERANCE and not failing, v, failing
 
     def check(self, step: int, trigger: Callable[[], list[RecordCheck]],
               confirm: Callable[[], list[RecordCheck]]) -> bool:
@@ -124,7 +144,7 @@ class OnlineStopRule:
         v = mean_violation(checks)
         failing = self.condition.failing(checks) if self.condition else []
         statistic = hoeffding_bound(v, len(checks), self.delta, self.confirmations) if self.hoeffding else v
-        passed = statistic <= self.alpha and not failing
+        passed = statistic <= self.alpha + TOLERANCE and not failing
         entry = _entry(step, "confirm", v, len(failing), failing, passed, n=len(checks))
         if self.hoeffding:
             entry["upper_bound"] = statistic

@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 import random
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 import torch
@@ -21,14 +21,19 @@ from worker.engine.methods import METHODS
 from worker.engine.methods.masc import checks_of
 from worker.engine.neighbours import RetainSampler, nearest, neighbour_scores
 from worker.engine.params import MascParams
-from worker.engine.records import EncodedRecord, collate, encode_record, encode_records, normalise_records
+from worker.engine.counterfactual import shared_template
+from worker.engine.extraction import own_answers, request_secrets, secret_priors, secret_sources
+from worker.engine.records import (EncodedRecord, collate, encode_record, encode_records,
+                                   normalise_records)
 from worker.engine.runtime import PeakMemory, library_versions, seed_everything
 from worker.engine.schedule import Escalation, ForgetStream
+from worker.engine.secret_spans import secret_focus
 from worker.engine.stop_rule import ErasureCondition, OnlineStopRule, RecordCheck, RecordStates, mean_violation
 
 ENGINE_VERSION = "2"
-CONDITION = ("stop when V = mean_i v_i <= alpha and, for every forget record i, v_i <= c_i (its ceiling) and "
-             "greedy decoding does not reproduce it (some active token is not the argmax)")
+CONDITION = ("stop when V = mean_i v_i <= alpha and, for every forget record i, v_i <= c_i (its ceiling), "
+             "greedy decoding does not reproduce it (some active token is not the argmax), and every token of its "
+             "secrets has a margin <= tau_secret (probability <= rho_secret, never the argmax)")
 
 
 @dataclass
@@ -107,6 +112,11 @@ def run_unlearning(model_source: str, forget: list[dict], retain: list[dict] | N
     run = prepare(model_source, forget, retain, params, device)
     dev, memory, started, tokenizer = run.device, run.memory, run.started, run.tokenizer
     forget_enc, retain_enc = run.forget, run.retain
+    secrets = request_secrets([r.source for r in forget_enc], [r.source for r in run.retain])
+    template = shared_template([r.source for r in forget_enc], [r.source for r in run.retain])
+    if params.secret_focus:  # which tokens of each record are its secret, and which the template around it
+        for record in forget_enc:
+            record.focus = secret_focus(record, secrets[record.id], tokenizer, template)
     train_set, val_set, val_info = split_validation(forget_enc, params)
     policy = Policy(run.model, lora=params.lora, r=params.lora_r, alpha=params.lora_alpha,
                     dropout=params.lora_dropout, targets=params.lora_targets)
@@ -118,27 +128,38 @@ def run_unlearning(model_source: str, forget: list[dict], retain: list[dict] | N
 
     # theta_0 (no step taken yet): the rule's targets, and every record's starting state.
     t0 = time.perf_counter()
+    # A record whose secret is suppressed and whose template stays as theta_0 has it shows v_i = the template's
+    # share of its tokens, as a model that never saw it would: that share is a floor under its ceiling.
+    floors = {r.id: 1 - r.secret_tokens / r.active_tokens for r in forget_enc if r.focus is not None}
     calibration = calibrate(params.alpha, params.record_ceiling, [r.source for r in forget_enc],
                             [r.source for r in retain_enc], holdout, params.seed,
                             lambda records: [c.violation for c in measure(_encodable(records, tokenizer, run.max_length,
-                                                                                      params.seed))])
+                                                                                      params.seed))], floors)
     latest = RecordStates(measure(forget_enc))
     initial_v = latest.mean()
     calibration_seconds = time.perf_counter() - t0
     train_mode = val_info["mode"] == "train"
-    condition = ErasureCondition(calibration.ceilings) if train_mode else None
+    located = frozenset(r.id for r in forget_enc if r.focus is not None and r.secret_tokens)
+    erasure = ErasureCondition(calibration.ceilings, params.secret_max_probability, located,
+                               secret_priors(secrets, [r.source for r in run.retain], [r.source for r in forget_enc],
+                                             template))
+    condition = erasure if train_mode else None
     rule = OnlineStopRule(calibration.alpha, params.check_every, params.hoeffding, params.hoeffding_delta, condition)
     confirm_set = val_set[:params.confirm_size] if params.confirm_size else val_set
 
+    by_record = {r.id: r for r in forget_enc}
+
     def is_open(rid: str) -> bool:
-        """Still to be trained: the record fails its own condition, or the mean does and it lies above it."""
+        """Still to be trained: the record fails its own condition, or the mean does and it lies above it
+        with something left to do (a record whose secret tokens are all past the hinge keeps its template:
+        suppressing that too only buys loops)."""
         if not train_mode:
             return True
         check = latest[rid]
         if not condition.holds(check):
             return True
         target = rule.mean_target(len(confirm_set))
-        return latest.mean() > target and check.violation > target
+        return latest.mean() > target and check.violation > target and (rid not in located or check.hinge > 0)
 
     def trigger() -> list[RecordCheck]:
         if train_mode:  # the latest state of every record, kept current by the training passes: free
@@ -147,9 +168,20 @@ def run_unlearning(model_source: str, forget: list[dict], retain: list[dict] | N
                                                                                         params.trigger_size)
         return measure(sample)
 
+    replay: dict[str, EncodedRecord] = {}  # the model's latest own answer to each forget prompt
+
+    def answer(records: list[EncodedRecord]) -> set[str]:
+        """Refresh the model's own answers to these prompts; the ids of those that give a secret back."""
+        fresh = own_answers(policy.model, tokenizer, records, secrets, run.max_length)
+        replay.update({rid: example for rid, (example, _) in fresh.items()})
+        return {rid for rid, (_, leaked) in fresh.items() if leaked}
+
     def confirm() -> list[RecordCheck]:
         checks = measure(confirm_set)
         if train_mode:
+            if params.secret_focus:  # the model's own greedy answers, where nothing else is left to do
+                leaking = answer([by_record[c.id] for c in checks if condition.holds(c)])
+                checks = [replace(c, leaked=c.id in leaking) for c in checks]
             latest.update(checks)
         return checks
 
@@ -160,15 +192,18 @@ def run_unlearning(model_source: str, forget: list[dict], retain: list[dict] | N
     optimiser = torch.optim.AdamW(policy.trainable_parameters(), lr=params.lr, weight_decay=params.weight_decay)
     stream = ForgetStream(train_set, params.batch_size, rng)
 
-    escalation = Escalation(params.escalate_after)
+    escalation = Escalation(params.escalate_after, params.max_steps)
 
     def shortfall() -> float | None:
-        """How far the forget set is from the rule, continuously: the hinge of the records still open (the
-        share of violating tokens stays flat while margins fall towards tau; the hinge does not). None in
+        """How far the forget set is from the rule, continuously: over the records still open, the hinge
+        (the share of violating tokens stays flat while margins fall towards tau; the hinge does not), the
+        decades by which a secret's probability exceeds its maximum, and 1 per leaking answer. None in
         holdout mode, which runs the paper's rule as published."""
         if not train_mode:
             return None
-        return sum(c.hinge for c in latest.all() if is_open(c.id))
+        return sum(c.hinge + max(0.0, math.log10(max(c.secret_probability, 1e-300) / erasure.secret_limit(c.id)))
+                   + c.leaked
+                   for c in latest.all() if is_open(c.id))
 
     loop_started = time.perf_counter()
     step, check_seconds, loss_trace, stop_reason, repair_steps = 0, 0.0, [], None, 0
@@ -190,13 +225,21 @@ def run_unlearning(model_source: str, forget: list[dict], retain: list[dict] | N
             break
         if not chosen and sampler is None:
             chosen = train_set[:params.batch_size]  # nothing open and no retain set to repair until the check
-        forget_batch = collate(chosen, pad).to(dev) if chosen else None
+        if params.secret_focus and params.replay_every and step % params.replay_every == 0:
+            answer(rng.sample(forget_enc, min(len(forget_enc), params.replay_records)))
+        # The model's own answers ride along: their secret-looking tokens taken out, the rest kept as
+        # theta_0 would continue it (no loops); those of the chosen records first.
+        extra = [replay[r.id] for r in chosen if r.id in replay]
+        others = [e for rid, e in replay.items() if rid not in {r.id for r in chosen}]
+        extra += rng.sample(others, min(len(others), max(0, params.batch_size - len(extra))))
+        forget_batch = collate(chosen + extra, pad).to(dev) if chosen or extra else None
         repair_steps += forget_batch is None
         retain_batch = collate(sampler.sample(retain_rows), pad).to(dev) if sampler else None
         with autocast(dev):
             loss, parts = algo.loss(forget_batch, retain_batch)
         if forget_batch is not None and algo.last_forget_measurement is not None:
-            latest.update(checks_of(chosen, algo.last_forget_measurement))
+            measured = tuple(t[:len(chosen)] for t in algo.last_forget_measurement)  # the records, not extras
+            latest.update([replace(c, leaked=latest[c.id].leaked) for c in checks_of(chosen, measured)])
         optimiser.zero_grad(set_to_none=True)
         loss.backward()
         if params.grad_clip:
@@ -226,9 +269,12 @@ def run_unlearning(model_source: str, forget: list[dict], retain: list[dict] | N
         progress({"step": step, "max_steps": params.max_steps, "losses": last_losses,
                   "violation_rate": final_v, "elapsed": time.perf_counter() - started})
     never_trained = set(val_info.get("never_trained", []))
-    erasure = ErasureCondition(calibration.ceilings)
     per_record = [{"id": c.id, "violation": c.violation, "ceiling": calibration.ceilings[c.id],
-                   "reproduced": c.reproduced, "active_tokens": c.active_tokens, "meets_condition": erasure.holds(c),
+                   "reproduced": c.reproduced, "active_tokens": c.active_tokens,
+                   "secret_tokens": by_record[c.id].secret_tokens, "secret_probability": c.secret_probability,
+                   "secret_limit": erasure.secret_limit(c.id),
+                   "secret_greedy": c.secret_greedy, "leaked": c.leaked,
+                   "meets_condition": erasure.holds(c),
                    "trained": c.id not in never_trained} for c in (by_id[r.id] for r in forget_enc)]
     failing = [r["id"] for r in per_record if not r["meets_condition"]]
     result = {
@@ -247,6 +293,8 @@ def run_unlearning(model_source: str, forget: list[dict], retain: list[dict] | N
         "neighbours": {"count": len(neighbours), "share_of_retain_rows": params.neighbour_share if neighbours else 0,
                        "ids": [retain_enc[j].id for j in neighbours]},
         "repair_steps": repair_steps, "escalations": escalation.trace, "lora": policy.describe(),
+        "secrets": {**secret_sources([r.source for r in forget_enc], secrets), "focus": params.secret_focus,
+                    "located": sum(r.focus is not None for r in forget_enc)},
         "retain_term": "none (no retain records)" if not retain_enc else params.retain_loss,
         "truncated": [{"id": r.id, "dropped_prompt_tokens": r.truncated_tokens}
                       for r in forget_enc + retain_enc if r.truncated_tokens],

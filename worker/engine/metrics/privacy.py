@@ -18,7 +18,8 @@ def attack_scores(stats: TokenStats, text: str) -> dict[str, float]:
     mean_nll = stats.nll_sum / stats.n
     return {
         "loss": -mean_nll,
-        "zlib": -stats.nll_sum / len(zlib.compress(text.encode("utf-8"))),
+        # Carlini et al.: the mean token loss over the zlib-compressed length of the text.
+        "zlib": -mean_nll / len(zlib.compress(text.encode("utf-8"))),
         "min_k": _lowest_mean(stats.logprobs, MIN_K),
         "min_k_pp": _lowest_mean(stats.zscores, MIN_K),
     }
@@ -39,7 +40,13 @@ def roc_auc(members: list[float], non_members: list[float]) -> float:
     return (rank_sum - n * (n + 1) / 2) / (n * m)
 
 
+def muse_auc(attack_auc: float) -> float:
+    """MUSE's AUC: P(a forget record looks less like a member than a holdout record), the complement of
+    the attack's AUC (ties count half in both, so the two add up to 1)."""
+    return 1.0 - attack_auc
+
+
 def privleak(auc_model: float, auc_reference: float) -> float:
-    """MUSE convention: (AUC_model - AUC_ref) / AUC_ref * 100. Positive: the model still leaks more
-    than the reference; near zero: indistinguishable from it."""
+    """MUSE: (AUC_model - AUC_ref) / AUC_ref * 100 on MUSE's AUCs. A model that still memorises the forget
+    set scores near -100, one that looks like a retrain 0, one unlearned past a retrain positive."""
     return (auc_model - auc_reference) / auc_reference * 100

@@ -1,0 +1,163 @@
+"""Secrets (issue 11): which spans are secret, whether a text gives one back, the per-record rule's secret
+conditions, and the degeneration measures; each against a hand-computed or brute-force case."""
+import math
+
+import pytest
+import torch
+from transformers import AutoTokenizer
+
+from worker.engine import margin as M
+from worker.engine.extraction import greedy_leaks, secret_priors
+from worker.engine.metrics.degeneration import answer_perplexity, distinct_2, is_loop
+from worker.engine.records import IGNORE, SECRET, TEMPLATE, encode_record
+from worker.engine.secret_spans import leaks, record_secrets, secret_focus, secret_token_focus
+from worker.engine.stop_rule import ErasureCondition, RecordCheck
+
+
+def test_a_secret_split_by_other_text_or_punctuation_still_leaks():
+    assert leaks("73-708064", " Dario-708064876314 Mona Mona")  # a 6-digit group inside a longer run
+    assert leaks("73-708064", "the account is 73 708064")  # other separators
+    assert leaks("44 Quarry Close, Tampere", "lives at 44 quarry close tampere!")
+    assert not leaks("73-708064", "the account is 73-7080")  # a 4-digit group is not 708064
+    assert not leaks("44 Quarry Close, Tampere", "lives at 44 Quarry Lane, Tampere")
+    assert not leaks("+30 726 9280862", "call 726")  # 3 digits are too common to count
+
+
+def test_secrets_are_given_or_extracted_from_the_completion():
+    given = {"prompt": "Q?", "completion": "A 1", "secrets": ["A 1"]}
+    assert record_secrets(given, set()) == ["A 1"]
+    record = {"prompt": "Q: What is the e-mail of Dario Haddad?\nA:",
+              "completion": " Dario Haddad writes to dario.h@example.org from Quillhaven, account 73-708064."}
+    found = record_secrets(record, {"writes", "to", "from", "account", "the", "of"})
+    assert "dario.h@example.org" in found and "73-708064" in found and "Quillhaven" in found
+    assert not any("Dario" == s for s in found)  # in the prompt: not the record's secret
+
+
+def test_greedy_leaks_and_priors_count_records():
+    secrets = {"a": ["708064"], "b": ["a cartographer"], "c": []}
+    figure = greedy_leaks({"a": "x 708064", "b": "works as a baker", "c": "anything"}, secrets)
+    assert figure["value"] == 0.5 and figure["leaking_ids"] == ["a"]  # c has no secret: not counted
+    retain = [{"completion": " Ann works as a cartographer."}, {"completion": " Bo works as a baker."},
+              {"completion": " Cy works as a Cartographer"}, {"completion": " Di lives at 1 Road."}]
+    assert secret_priors(secrets, retain) == {"a": 0.0, "b": 0.5, "c": 0.0}
+
+
+def test_the_secret_conditions_of_the_rule():
+    condition = ErasureCondition({"r": 0.2}, secret_max=0.01, secret_ids=frozenset({"r"}),
+                                 secret_priors={"r": 0.05})
+    check = RecordCheck("r", violation=0.9, active_tokens=10, reproduced=False)
+    assert condition.holds(check)  # located secrets: the ceiling does not apply
+    assert condition.holds(RecordCheck("r", 0.9, 10, False, secret_probability=0.05))  # the prior lifts the limit
+    assert not condition.holds(RecordCheck("r", 0.9, 10, False, secret_probability=0.051))
+    assert not condition.holds(RecordCheck("r", 0.1, 10, False, secret_greedy=True))
+    assert not condition.holds(RecordCheck("r", 0.1, 10, False, leaked=True))
+    plain = ErasureCondition({"q": 10 / 17})
+    assert plain.holds(RecordCheck("q", float(torch.tensor(10 / 17, dtype=torch.float32)), 17, False))  # float32
+    assert not plain.holds(RecordCheck("q", 11 / 17, 17, False))
+
+
+def test_secret_span_probability_and_greedy_flag_against_brute_force():
+    torch.manual_seed(0)
+    logits = torch.randn(7, 5)
+    targets = logits.argmax(-1)
+    targets[4] = (targets[4] + 1) % 5  # record 1's second secret loses the argmax at one token
+    rows = torch.tensor([0, 0, 0, 1, 1, 1, 1])
+    span = torch.tensor([0, 0, -1, 0, 1, 1, -1])  # -1: not a secret token
+    probability, greedy = M.secret_spans(logits, targets, rows, span, span >= 0, 2)
+    p = torch.softmax(logits, -1).gather(1, targets[:, None]).squeeze(1)
+    expected = [p[0] * p[1], max(p[3], p[4] * p[5])]
+    assert torch.allclose(probability, torch.stack(expected))
+    assert greedy.tolist() == [True, True]  # record 1's first secret (one token) is still the argmax
+    probability, greedy = M.secret_spans(logits, targets, rows, span, span == 1, 2)
+    assert greedy.tolist() == [False, False] and probability[0] == 0
+
+
+def test_loops_and_distinct_2_by_hand():
+    assert is_loop("Mona Mona Mona") and is_loop("was was was was") and is_loop("a b a b a b")
+    assert is_loop("Dario-708064876314 0202020202") and not is_loop("The account of Dario Haddad is 73-708064.")
+    assert not is_loop("Mona Mona and Omar")
+    assert distinct_2("a b a b") == 2 / 3 and distinct_2("one") is None
+
+
+def test_answer_perplexity_is_exp_of_the_mean_answer_nll(fixture_model):
+    from transformers import AutoModelForCausalLM
+    model = AutoModelForCausalLM.from_pretrained(fixture_model).eval()
+    prompts, answers = {"x": [5, 6, 7], "y": [8]}, {"x": [9, 10], "y": [11, 12, 13]}
+    got = answer_perplexity(model, prompts, answers, pad_id=0)["per_record"]
+    for rid in prompts:
+        ids = torch.tensor([prompts[rid] + answers[rid]])
+        with torch.no_grad():
+            log_p = torch.log_softmax(model(ids).logits[0, :-1].float(), -1)
+        n = len(prompts[rid])
+        nll = -sum(log_p[n - 1 + i, t] for i, t in enumerate(answers[rid])) / len(answers[rid])
+        assert math.isclose(got[rid], math.exp(float(nll)), rel_tol=1e-4)
+
+
+def test_secret_focus_marks_the_secret_tokens_and_keeps_template_words(fixture_model):
+    tokenizer = AutoTokenizer.from_pretrained(fixture_model)
+    record = {"id": "r", "prompt": "Q: What is the account of Ann?\nA:", "completion": " The account of Ann is 73-7080."}
+    encoded = encode_record(record, tokenizer, max_length=64, seed=0)
+    focus = secret_focus(encoded, ["73-7080"], tokenizer, template={"the", "account", "of", "is"})
+    active = [(tokenizer.decode([t]), f) for t, f, label in zip(encoded.input_ids, focus, encoded.labels)
+              if label != IGNORE]
+    secret_text = "".join(text for text, f in active if f >= SECRET)
+    assert secret_text.replace(" ", "").replace("-", "") == "737080"  # "-" alone is TEMPLATE
+    assert all(f == TEMPLATE for text, f in active if text.strip() in {"The", "account", "of", "Ann", "is", "."})
+    generated = tokenizer(" Ann is 7080 and more", add_special_tokens=False)["input_ids"]
+    marks = secret_token_focus(tokenizer, generated, ["73-7080"])
+    assert [tokenizer.decode([t]).strip() for t, f in zip(generated, marks) if f == SECRET] != []
+    assert all(f == TEMPLATE for t, f in zip(generated, marks) if not any(c.isdigit() for c in tokenizer.decode([t])))
+
+
+class FixedPolicy:
+    """Logits given in advance: the policy's and pi_0's."""
+
+    def __init__(self, z, z0):
+        self.z, self.z0 = z, z0
+
+    def logits(self, batch):
+        return self.z
+
+    def reference_logits(self, batch):
+        return self.z0
+
+
+def test_secret_focused_masc_loss_by_loop():
+    """Hinge at tau_secret on the secret's tokens only, KL to pi_0 on the template's, KL to pi_0 without the
+    gold token on the secret's; each token mean computed by a loop over the positions."""
+    from worker.engine.methods.masc import Masc
+    from worker.engine.params import MascParams
+    from worker.engine.records import Batch
+
+    g = torch.Generator().manual_seed(0)
+    z, z0 = torch.randn(1, 6, 8, generator=g), torch.randn(1, 6, 8, generator=g)
+    labels = torch.tensor([[IGNORE, IGNORE, 3, 4, 5, 6]])
+    focus = torch.tensor([[1, 1, TEMPLATE, SECRET, SECRET, TEMPLATE]])
+    params = MascParams.from_dict({"secret_focus": True, "k": 3, "lambda_fluency": 2.0, "lambda_redistribute": 0.5})
+    masc = Masc(params, FixedPolicy(z, z0), pad_id=0)
+    total, parts = masc.loss(Batch(torch.zeros(1, 6, dtype=torch.long), torch.ones(1, 6), labels, focus), None)
+
+    def kl(ref, logit):
+        p0 = torch.softmax(ref, -1)
+        return float((p0 * (torch.log(p0.clamp_min(1e-30)) - torch.log_softmax(logit, -1))).sum())
+
+    hinges, fluency, redistribute = [], [], []
+    for t in range(1, 6):  # logits at t - 1 predict labels[t]
+        y, zt, z0t = int(labels[0, t]), z[0, t - 1], z0[0, t - 1]
+        if y == IGNORE:
+            continue
+        if int(focus[0, t]) >= SECRET:
+            alternatives = sorted((v for v in range(8) if v != y), key=lambda v: -float(zt[v]))[:3]
+            margin = float(zt[y] - torch.logsumexp(zt[alternatives], 0))  # SPEC: gold against S_k
+            hinges.append(max(0.0, margin - (params.tau_secret - params.eta)) / params.eta)
+            denied = z0t.clone()
+            denied[y] = -1e4
+            redistribute.append(kl(denied, zt))
+        else:
+            fluency.append(kl(z0t, zt))
+    mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
+    assert parts["forget"] == pytest.approx(mean(hinges), rel=1e-5)
+    assert parts["fluency"] == pytest.approx(mean(fluency), rel=1e-5)
+    assert parts["redistribute"] == pytest.approx(mean(redistribute), rel=1e-5)
+    expected = params.lambda_forget * mean(hinges) + 2.0 * mean(fluency) + 0.5 * mean(redistribute)
+    assert float(total) == pytest.approx(expected, rel=1e-5)

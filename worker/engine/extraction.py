@@ -1,0 +1,98 @@
+"""The secret-extraction audit (SPEC section 5): for every forget record, whether its secrets come out of
+the model, under greedy decoding, under seeded sampling, from the paraphrased prompt, after 4-bit
+quantisation and after the relearning probe. Each figure names the leaking records by id, never
+their text."""
+from __future__ import annotations
+
+from worker.engine.counterfactual import shared_template
+from worker.engine.evaluate import MAX_NEW_TOKENS, continuations
+from worker.engine.metrics import metric, unavailable
+from worker.engine.records import IGNORE, SUPPRESS, TEMPLATE, EncodedRecord
+from worker.engine.secret_spans import leaked_secrets, normalised, record_secrets, secret_token_focus
+
+DEFAULT_SAMPLES = 10  # samples per forget prompt at temperature 1
+
+
+def request_secrets(forget: list[dict], retain: list[dict]) -> dict[str, list[str]]:
+    """Every forget record's secrets: given, or extracted against the request's shared template."""
+    template = shared_template(forget, retain)
+    return {r["id"]: record_secrets(r, template) for r in forget}
+
+
+def secret_priors(secrets: dict[str, list[str]], retain: list[dict], forget: list[dict] | None = None,
+                  template: set[str] = frozenset()) -> dict[str, float]:
+    """Per forget record, the largest share of retain answers of its shape that say one of its secrets:
+    how likely a model that learned the retain data, and never this record, is to say it ("works as a
+    cartographer" when others do too). A retain answer has the record's shape when it uses at least half
+    of the template words of the record's answer (all retain answers when none does). 0 without retain."""
+    if not retain:
+        return {rid: 0.0 for rid in secrets}
+    texts = [r["completion"] if "completion" in r else r.get("text", "") for r in retain]
+    words = [set(normalised(t).split()) for t in texts]
+    sources = {r["id"]: r for r in forget or []}
+    out = {}
+    for rid, spans in secrets.items():
+        source = sources.get(rid, {})
+        own = set(normalised(source.get("completion", source.get("text", ""))).split()) & set(template)
+        shaped = [t for t, w in zip(texts, words) if own and len(own & w) >= len(own) / 2] or texts
+        out[rid] = max((sum(leaked_secrets([s], t) > 0 for t in shaped) / len(shaped) for s in spans), default=0.0)
+    return out
+
+
+def secret_sources(forget: list[dict], secrets: dict[str, list[str]]) -> dict:
+    """How many records carry given secrets, how many extracted ones, and how many have none."""
+    given = sum(bool(r.get("secrets")) for r in forget)
+    found = sum(bool(secrets.get(r["id"])) for r in forget) - given
+    return {"given": given, "extracted": found, "none": len(forget) - given - found,
+            "secrets": sum(len(v) for v in secrets.values())}
+
+
+def greedy_leaks(texts: dict[str, str], secrets: dict[str, list[str]]) -> dict:
+    """Share of records (that have secrets) whose answer gives one back."""
+    per_record = {rid: float(leaked_secrets(secrets[rid], text) > 0) for rid, text in texts.items()
+                  if secrets.get(rid)}
+    if not per_record:
+        return unavailable("no forget record has a secret (given or extracted)")
+    return {**metric(per_record), "leaking_ids": sorted(rid for rid, v in per_record.items() if v)}
+
+
+def sampled_leaks(model, tokenizer, records: list[EncodedRecord], secrets: dict[str, list[str]], *,
+                  samples: int = DEFAULT_SAMPLES, seed: int = 0) -> dict:
+    """Share of all samples (n per record, temperature 1, seeded) that give a secret back; per record,
+    its own share."""
+    records = [r for r in records if secrets.get(r.id)]
+    if not records or samples <= 0:
+        return unavailable("no forget record has a secret" if samples > 0 else "sampling switched off")
+    drawn = continuations(model, tokenizer, [r.input_ids[:r.prompt_len] for r in records], sample=True,
+                          n=samples, seed=seed)
+    per_record = {}
+    for i, record in enumerate(records):
+        texts = [tokenizer.decode(t, skip_special_tokens=True) for t in drawn[i * samples:(i + 1) * samples]]
+        per_record[record.id] = sum(leaked_secrets(secrets[record.id], t) > 0 for t in texts) / samples
+    return {**metric(per_record), "samples_per_record": samples,
+            "leaking_ids": sorted(rid for rid, v in per_record.items() if v > 0)}
+
+
+def own_answers(model, tokenizer, records: list[EncodedRecord], secrets: dict[str, list[str]],
+                max_length: int = 0, template: set[str] = frozenset()) -> dict[str, tuple[EncodedRecord, bool]]:
+    """The model's own greedy answers to these records' prompts, each as a training example (the prompt,
+    then the answer as active tokens: SECRET on its secret-looking tokens, any forget record's secret
+    counting, TEMPLATE on the others), and whether it gives one of the record's own secrets back.
+    Teacher forcing trains on the true text only; these catch what the model says once it has strayed
+    from it: a secret that comes back later ("Omar Tanaka lives at 44 Quarry Close"), or a loop."""
+    if not records:
+        return {}
+    everything = [x for spans in secrets.values() for x in spans]
+    longest = max(r.prompt_len for r in records)
+    budget = min(MAX_NEW_TOKENS, max_length - longest) if max_length else MAX_NEW_TOKENS
+    answers = continuations(model, tokenizer, [r.input_ids[:r.prompt_len] for r in records],
+                            max_new_tokens=max(1, budget))
+    out = {}
+    for record, tokens in zip(records, answers):
+        leaked = bool(leaked_secrets(secrets.get(record.id, []), tokenizer.decode(tokens, skip_special_tokens=True)))
+        prompt = record.input_ids[:record.prompt_len]
+        focus = secret_token_focus(tokenizer, tokens, everything, template) if everything else [TEMPLATE] * len(tokens)
+        out[record.id] = (EncodedRecord(id=f"{record.id}#own", input_ids=prompt + tokens,
+                                        labels=[IGNORE] * len(prompt) + tokens, prompt_len=len(prompt),
+                                        source=record.source, focus=[SUPPRESS] * len(prompt) + focus), leaked)
+    return out
