@@ -94,3 +94,21 @@ def test_a_reference_with_its_own_tokenizer_is_measured_through_it(fixture_model
     # The holdout here is the reference's own training data, so to the reference the forget records look far
     # less like members than the holdout: MUSE's AUC 1, and PrivLeak relative to it.
     assert leak["reference_auc"] == 1.0 and leak["value"] == pytest.approx((leak["auc"] - 1.0) * 100)
+
+
+def test_extraction_and_degeneration_sections(audited):
+    """The synthetic people carry no `secrets`: extracted ones (their cities, jobs, ...) are audited,
+    under every probe, before and after, by record id; and the answers' fluency is measured."""
+    assert audited["secrets"]["extracted"] > 0 and audited["secrets"]["given"] == 0
+    before, after = audited["before"]["forget_secrets"], audited["after"]["forget_secrets"]
+    assert before["greedy"]["value"] == 1.0 and len(before["greedy"]["leaking_ids"]) == audited["secrets"]["extracted"]
+    assert after["greedy"]["value"] < before["greedy"]["value"]
+    assert after["sampled"]["samples_per_record"] == 10 and 0 <= after["sampled"]["value"] <= 1
+    assert after["paraphrased"]["value"] is not None  # the records carry paraphrased prompts
+    assert "value" in audited["quantization"]["forget_secrets"]
+    assert all("secret_leak" in p and "leaking_ids" in p for p in audited["relearning"]["points"])
+    for name in ("forget", "paraphrased", "retain"):
+        section = audited["after"]["degeneration"][name]
+        assert 0 <= section["loop_share"]["value"] <= 1 and section["perplexity_under_base"]["value"] >= 1
+    assert audited["before"]["degeneration"]["forget"]["loop_share"]["value"] == 0  # the base says its records
+    assert "answers" not in audited["after"] and "tokens" not in audited["after"]["forget_verbatim"]

@@ -161,3 +161,14 @@ def test_secret_focused_masc_loss_by_loop():
     assert parts["redistribute"] == pytest.approx(mean(redistribute), rel=1e-5)
     expected = params.lambda_forget * mean(hinges) + 2.0 * mean(fluency) + 0.5 * mean(redistribute)
     assert float(total) == pytest.approx(expected, rel=1e-5)
+
+
+def test_given_secrets_stay_as_evidence_only_as_hashes():
+    import json
+
+    from service.jobs import canonical_sha256, forget_evidence
+    evidence = forget_evidence([{"id": "a", "prompt": "Q?", "completion": " A is 73-708064.", "secrets": ["73-708064"]},
+                                {"id": "b", "prompt": "Q?", "completion": " B."}])
+    assert evidence["records"][0]["secrets_sha256"] == [canonical_sha256("73-708064")]
+    assert "secrets_sha256" not in evidence["records"][1]
+    assert "708064" not in json.dumps(evidence)
