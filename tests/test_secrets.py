@@ -172,3 +172,28 @@ def test_given_secrets_stay_as_evidence_only_as_hashes():
     assert evidence["records"][0]["secrets_sha256"] == [canonical_sha256("73-708064")]
     assert "secrets_sha256" not in evidence["records"][1]
     assert "708064" not in json.dumps(evidence)
+
+
+def test_answers_run_past_the_target_length_up_to_max_new_tokens(fixture_model):
+    """A secret said after a preamble must be seen: greedy answers run to EOS or 128 new tokens, not to the
+    reference's length; they equal transformers' own greedy generation; samples are seeded."""
+    from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel
+
+    from worker.engine.evaluate import MAX_NEW_TOKENS, continuations
+
+    tokenizer = AutoTokenizer.from_pretrained(fixture_model)
+    torch.manual_seed(0)
+    # Random weights (seeded): this one never says EOS within the cap.
+    babbler = GPT2LMHeadModel(GPT2Config(vocab_size=len(tokenizer), n_embd=32, n_layer=1, n_head=2,
+                                         bos_token_id=0, eos_token_id=0)).eval()
+    prompt = tokenizer("Q: Where was Nelvorbax born?\nA:", add_special_tokens=False)["input_ids"]
+    [long] = continuations(babbler, tokenizer, [prompt])
+    assert MAX_NEW_TOKENS == 128 and len(long) == 128
+    model = AutoModelForCausalLM.from_pretrained(fixture_model).eval()
+    [greedy] = continuations(model, tokenizer, [prompt])
+    with torch.no_grad():
+        reference = model.generate(torch.tensor([prompt]), max_new_tokens=128, do_sample=False,
+                                   pad_token_id=tokenizer.pad_token_id)[0, len(prompt):].tolist()
+    assert greedy == reference[:len(greedy)] and greedy[-1] == tokenizer.eos_token_id  # up to and with EOS
+    first = continuations(model, tokenizer, [prompt], sample=True, n=4, seed=3)
+    assert first == continuations(model, tokenizer, [prompt], sample=True, n=4, seed=3) and len(first) == 4

@@ -31,9 +31,12 @@ from worker.engine.secret_spans import secret_focus
 from worker.engine.stop_rule import ErasureCondition, OnlineStopRule, RecordCheck, RecordStates, mean_violation
 
 ENGINE_VERSION = "2"
-CONDITION = ("stop when V = mean_i v_i <= alpha and, for every forget record i, v_i <= c_i (its ceiling), "
-             "greedy decoding does not reproduce it (some active token is not the argmax), and every token of its "
-             "secrets has a margin <= tau_secret (probability <= rho_secret, never the argmax)")
+CONDITION = ("stop when V = mean_i v_i <= alpha and, for every forget record i, v_i <= c_i (its ceiling) and "
+             "greedy decoding does not reproduce it (some active token is not the argmax)")
+SECRET_CONDITION = ("stop when V = mean_i v_i <= alpha and, for every forget record i, greedy decoding does not "
+                    "reproduce it; where its secrets are located, no secret is said whole with probability above "
+                    "its limit, none is greedy-decoded given the text before it, and the model's own greedy answer "
+                    "gives none back (these replace the ceiling); elsewhere v_i <= c_i")
 
 
 @dataclass
@@ -281,7 +284,7 @@ def run_unlearning(model_source: str, forget: list[dict], retain: list[dict] | N
         "engine_version": ENGINE_VERSION, "method": method, "model": str(model_source), "device": str(dev),
         "stop_reason": stop_reason, "steps": step, "final_violation_rate": final_v,
         "initial_violation_rate": initial_v, "alpha": calibration.summary["alpha"],
-        "erasure": {"condition": CONDITION if train_mode else "holdout mode: the mean over D_val alone (the MASC "
+        "erasure": {"condition": (SECRET_CONDITION if params.secret_focus else CONDITION) if train_mode else "holdout mode: the mean over D_val alone (the MASC "
                                                                 "paper's rule); the per-record state is reported",
                     "applied": train_mode, "ceilings": calibration.summary["ceilings"],
                     "holdout_v": calibration.summary.get("holdout_v"),
