@@ -102,6 +102,10 @@ Demo model: {model_id}
        -H "Idempotency-Key: dsar-1" --data @/tmp/lethe-request.json http://{HOST}:{PORT}/v1/unlearning-jobs
   make demo    # the same, scripted: submits, follows progress, downloads the new version
 """, flush=True)
+    # uvicorn re-raises the SIGTERM it handled once it has shut down; with the default handler that kills
+    # this process before `finally` could stop the worker, which lives in its own session and would stay
+    # behind to take the next run's jobs. An exception instead lets `finally` run.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     try:
         import uvicorn
 

@@ -15,7 +15,9 @@ class Strict(BaseModel):
 
 class ModelCreate(Strict):
     name: str = Field(min_length=1, max_length=256, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
-    source: str = Field(min_length=1, max_length=4096, description="local path | hf:org/name | s3://...")
+    # No control characters: a NUL in a path reaches the filesystem as an error, not as a 422.
+    source: str = Field(min_length=1, max_length=4096, pattern=r"^[^\x00-\x1f\x7f]+$",
+                        description="local path | hf:org/name | s3://...")
     retain: list[Record] | None = None
     description: str | None = Field(default=None, max_length=10_000)
 

@@ -1,6 +1,8 @@
 """/v1/audit-log (the tenant's entries, oldest first) and its verification; retrain references."""
 from __future__ import annotations
 
+import re
+
 from fastapi import APIRouter, Depends, Query
 from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import select
@@ -30,7 +32,7 @@ def list_entries(who: Principal = Depends(require("jobs:read")), session: Sessio
                  page_size: int = Query(100, ge=1, le=1000), page_token: str | None = None):
     after = 0
     if page_token is not None:
-        if not page_token.isdigit():
+        if not re.fullmatch(r"[0-9]{1,18}", page_token):  # a sequence number, within a 64-bit integer
             raise invalid("page_token is not a token this service issued", "page_token")
         after = int(page_token)
     rows = session.scalars(select(AuditEntry).where(AuditEntry.tenant == who.tenant, AuditEntry.seq > after)

@@ -101,6 +101,8 @@ def test_pagination_walks_every_job_once(client, registered_model, forget_record
             break
     assert len(seen) == len(set(seen)) == count(Job)
     assert client.get("/v1/unlearning-jobs", headers=auth(), params={"page_token": "garbage"}).status_code == 422
+    for token in ("9" * 40, "²", "-1"):  # the audit log's sequence tokens: too large (was a 500), not ASCII digits
+        assert client.get("/v1/audit-log", headers=auth(), params={"page_token": token}).status_code == 422
     queued = client.get("/v1/unlearning-jobs", headers=auth(), params={"state": "SUCCEEDED"}).json()["items"]
     assert all(j["state"] == "SUCCEEDED" for j in queued)
 
@@ -176,6 +178,7 @@ def test_bad_model_registrations(client, fixture_model, tmp_path):
         ({"name": "bad name!", "source": str(fixture_model)}, 422, "name"),
         ({"name": "x", "source": str(fixture_model), "retain": [{"prompt": "Q"}]}, 422, "retain"),
         ({"name": "x", "source": "hf:org/model-that-cannot-be-fetched-here"}, 422, "cannot be fetched"),
+        ({"name": "x", "source": str(tmp_path) + "\u0000x"}, 422, "source"),  # found by schemathesis: was a 500
     ]
     for body, status, words in cases:
         answer = client.post("/v1/models", headers=auth(), json=body)

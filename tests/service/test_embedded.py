@@ -2,6 +2,7 @@
 serves a deletion request end to end, with no PostgreSQL or Redis involved."""
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -61,3 +62,22 @@ def test_embedded_mode_serves_a_request_end_to_end(tmp_path):
             server.wait(timeout=60)
         except subprocess.TimeoutExpired:
             os.killpg(server.pid, signal.SIGKILL)
+    # SIGTERM to the server stops its worker too (it lives in a session of its own): none stays behind to
+    # take the next run's jobs.
+    found = re.search(r"worker pid (\d+)", log.read_text())
+    assert found, log.read_text()[-3000:]
+    worker_pid = int(found.group(1))
+    gone = time.time() + 20
+    while _alive(worker_pid) and time.time() < gone:
+        time.sleep(0.5)
+    if _alive(worker_pid):
+        os.killpg(worker_pid, signal.SIGKILL)
+        raise AssertionError(f"the worker {worker_pid} outlived the server")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
