@@ -26,7 +26,7 @@ from worker.engine.extraction import greedy_leaks, request_secrets, sampled_leak
 from worker.engine.fixture import FixtureConfig, build_fixture
 from worker.engine.loading import Policy, context_length, load_model
 from worker.engine.methods.masc import Masc
-from worker.engine.metrics.degeneration import degeneration
+from worker.engine.metrics.degeneration import answer_perplexity, degeneration
 from worker.engine.params import AS_PUBLISHED, MascParams, params_for
 from worker.engine.quantize import quantized_copy
 from worker.engine.records import encode_record
@@ -62,7 +62,7 @@ def text_of(tokenizer, encoded, model) -> dict[str, str]:
             for r, t in zip(encoded, greedy_continuations(model, tokenizer, encoded))}
 
 
-def measure(model, tokenizer, sets: dict, neighbour_ids: set[str]) -> dict:
+def measure(model, tokenizer, sets: dict, neighbour_ids: set[str], base=None) -> dict:
     retain_em = exact_match(model, tokenizer, sets["retain"].main)["per_record"]
     near = [v for k, v in retain_em.items() if k in neighbour_ids]
     far = [v for k, v in retain_em.items() if k not in neighbour_ids]
@@ -82,6 +82,10 @@ def measure(model, tokenizer, sets: dict, neighbour_ids: set[str]) -> dict:
            "forget_loops": degeneration(forget_texts)["loop_share"]["value"],
            "forget_distinct_2": degeneration(forget_texts)["distinct_2"]["value"],
            "retain_loops": degeneration(text_of(tokenizer, sets["retain"].main, model))["loop_share"]["value"]}
+    if base is not None:  # fluency: the answers to erased prompts scored by the base model (loops and noise score high)
+        answers = dict(zip([r.id for r in forget.main], greedy_continuations(model, tokenizer, forget.main)))
+        prompts = {r.id: r.input_ids[:r.prompt_len] for r in forget.main}
+        out["forget_ppl_under_base"] = answer_perplexity(base, prompts, answers, tokenizer.pad_token_id)["value"]
     quantized, _ = quantized_copy(model)
     out["secret_quantised"] = greedy_leaks(text_of(tokenizer, forget.main, quantized), secrets)["value"]
     del quantized
@@ -90,7 +94,7 @@ def measure(model, tokenizer, sets: dict, neighbour_ids: set[str]) -> dict:
     return out
 
 
-def run(source: str, forget, retain, sets, neighbour_ids, values: dict, method: str = "masc") -> dict:
+def run(source: str, forget, retain, sets, neighbour_ids, values: dict, method: str = "masc", base=None) -> dict:
     started = time.perf_counter()
     params = MascParams.from_dict(values) if method == "masc" else params_for(method, values)
     outcome = run_unlearning(source, forget, retain, params=params, method=method)
@@ -99,7 +103,7 @@ def run(source: str, forget, retain, sets, neighbour_ids, values: dict, method: 
     row = {"stop_reason": r["stop_reason"], "steps": r["steps"], "seconds": round(seconds, 1),
            "alpha": (r.get("alpha") or {}).get("value"), "final_v": r.get("final_violation_rate"),
            "records_meeting_condition": (r.get("erasure") or {}).get("records_meeting_condition"),
-           **measure(outcome.model, outcome.tokenizer, sets, neighbour_ids)}
+           **measure(outcome.model, outcome.tokenizer, sets, neighbour_ids, base)}
     del outcome
     return row
 
@@ -121,14 +125,15 @@ def customers_block(log) -> list[dict]:
                 "retain": RecordSet(retain, tokenizer, max_length, 0, "retain"),
                 "utility": RecordSet(plain, tokenizer, max_length, 0, "retain"),
                 "secrets": request_secrets(forget, retain)}
-        rows.append({"data": "customers", "arch": arch, "run": "base", **measure(base, tokenizer, sets, neighbour_ids)})
-        del base
+        rows.append({"data": "customers", "arch": arch, "run": "base",
+                     **measure(base, tokenizer, sets, neighbour_ids, base)})
         for name, values, method in (("default (no parameters)", {}, "masc"),
                                      ("secret focus (opt-in, lambda_retain 3)", SECRET_FOCUS, "masc"),
                                      *((f"{m} {BASELINES[m]}", BASELINES[m], m) for m in BASELINES)):
             log(f"{arch}: {name}")
             rows.append({"data": "customers", "arch": arch, "run": name,
-                         **run(source, forget, retain, sets, neighbour_ids, values, method)})
+                         **run(source, forget, retain, sets, neighbour_ids, values, method, base)})
+        del base
     return rows
 
 
@@ -168,6 +173,7 @@ def table(rows: list[dict]) -> str:
                ("secret_sampled", "sampled"), ("secret_paraphrased", "paraphrased"),
                ("secret_quantised", "4-bit"), ("secret_relearned", "relearned"),
                ("forget_loops", "forget loops"), ("forget_distinct_2", "forget distinct-2"),
+               ("forget_ppl_under_base", "forget answer ppl under base"),
                ("retain_loops", "retain loops"),
                ("retain_exact_match", "retain EM"), ("neighbour_exact_match", "neighbour EM"),
                ("other_exact_match", "other retain EM"), ("model_utility", "utility")]

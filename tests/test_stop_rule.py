@@ -124,3 +124,21 @@ def test_the_forget_weight_doubles_only_after_patience_checks_without_progress()
     capped = Escalation(patience=1)
     assert capped.update(0, 1.0, 0.8) == 0.8 and capped.update(0, 1.0, 0.8) == 1.0 and capped.update(0, 1.0, 1.0) == 1.0
     assert Escalation(patience=0).update(0, 1.0, 0.5) == 0.5 and Escalation(patience=0).trace == []
+
+
+def test_steady_but_too_slow_progress_doubles_the_forget_weight_and_the_ceiling_follows_the_retain_weight():
+    from worker.engine.schedule import Escalation
+
+    # 2 % better per check (progress by the 1 % test), 100 steps apart: at that pace 96 -> 0 takes about 4850
+    # more steps, and 800 are left.
+    slow = Escalation(patience=3, max_steps=1000)
+    weights = [slow.update(100 * i, 100 * 0.98 ** i, 0.01) for i in range(3)]
+    assert weights == [0.01, 0.01, 0.02] and slow.trace[0]["why"] == "too slow for max_steps"
+    # Fast enough: halving every check reaches ~0 well before max_steps.
+    fast = Escalation(patience=3, max_steps=1000)
+    assert [fast.update(10 * i, 100 * 0.5 ** i, 0.01) for i in range(6)] == [0.01] * 6
+    # Without max_steps only the 1 % test applies, as before.
+    unbounded = Escalation(patience=3)
+    assert [unbounded.update(100 * i, 100 * 0.98 ** i, 0.01) for i in range(3)] == [0.01] * 3
+    capped = Escalation(patience=1, ceiling=3.0)
+    assert capped.update(0, 1.0, 2.0) == 2.0 and capped.update(1, 1.0, 2.0) == 3.0

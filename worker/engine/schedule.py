@@ -37,7 +37,7 @@ class ForgetStream:
 
 
 class Escalation:
-    """Start gentle, and double the forget weight (up to 1) when the rule stops making progress: after
+    """Start gentle, and double the forget weight (up to `ceiling`, default 1) when the rule stops making progress: after
     `patience` checks whose shortfall is not 1 % below the best so far, or, given `max_steps`, when the
     pace of the last `patience` checks would not bring the shortfall to 0 before max_steps (steady but
     too slow: a secret's probability falling a few per cent per check). The default weight suits the
@@ -45,8 +45,9 @@ class Escalation:
 
     CEILING = 1.0
 
-    def __init__(self, patience: int, max_steps: int | None = None):
+    def __init__(self, patience: int, max_steps: int | None = None, ceiling: float = CEILING):
         self.patience, self.max_steps, self.best, self.stale = patience, max_steps, math.inf, 0
+        self.ceiling = ceiling
         self.window: list[tuple[int, float]] = []  # (step, shortfall) of the checks since the last doubling
         self.trace: list[dict] = []
 
@@ -58,7 +59,7 @@ class Escalation:
         return rate <= 0 or shortfall / rate > self.max_steps - step
 
     def update(self, step: int, shortfall: float | None, weight: float) -> float:
-        if shortfall is None or not self.patience or weight >= self.CEILING:
+        if shortfall is None or not self.patience or weight >= self.ceiling:
             return weight
         self.window.append((step, shortfall))
         progress = shortfall < 0.99 * self.best
@@ -69,7 +70,7 @@ class Escalation:
         if self.stale < self.patience and not self._too_slow(step, shortfall):
             return weight
         self.stale, self.best, self.window = 0, shortfall, []
-        weight = min(self.CEILING, 2 * weight)
+        weight = min(self.ceiling, 2 * weight)
         self.trace.append({"step": step, "lambda_forget": weight, "shortfall": shortfall,
                            "why": "no progress" if not progress else "too slow for max_steps"})
         return weight

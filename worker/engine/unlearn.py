@@ -195,7 +195,9 @@ def run_unlearning(model_source: str, forget: list[dict], retain: list[dict] | N
     optimiser = torch.optim.AdamW(policy.trainable_parameters(), lr=params.lr, weight_decay=params.weight_decay)
     stream = ForgetStream(train_set, params.batch_size, rng)
 
-    escalation = Escalation(params.escalate_after, params.max_steps)
+    # The forget weight may grow to the retain weight's scale: a retain term weighted 3 outpulls a forget term
+    # held at 1 (measured on gpt_neox with secret focus, issue 11).
+    escalation = Escalation(params.escalate_after, params.max_steps, max(1.0, params.lambda_retain))
 
     def shortfall() -> float | None:
         """How far the forget set is from the rule, continuously: over the records still open, the hinge
