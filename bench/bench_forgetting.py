@@ -141,14 +141,14 @@ def tofu_block(log) -> list[dict]:
     full, base, tokenizer, data, sets = loaded(log)
     sets["secrets"] = request_secrets(data["forget"], data["retain"])
     reference = fixture("retain", log=log)
-    rows = [{"data": "mini-TOFU", "arch": "qwen2", "run": "base", **measure(base, tokenizer, sets, set())}]
+    rows = [{"data": "mini-TOFU", "arch": "qwen2", "run": "base", **measure(base, tokenizer, sets, set(), base)}]
     # The target a retrain would show: V of the reference (never saw the forget set) on the forget records.
     ref_model, _ = load_model(reference, torch.device("cpu"))
     ref_checks = Masc(MascParams(), Policy(ref_model, lora=False), tokenizer.pad_token_id).check_records(
         sets["forget"].main, 16)
     reference_v = sum(c.violation for c in ref_checks) / len(ref_checks)
     rows.append({"data": "mini-TOFU", "arch": "qwen2", "run": "retain reference",
-                 "final_v": reference_v, **measure(ref_model, tokenizer, sets, set())})
+                 "final_v": reference_v, **measure(ref_model, tokenizer, sets, set(), base)})
     # What alpha "auto" would be without the given perturbed answers (generated counterfactuals only).
     masc0 = Masc(MascParams(), Policy(base, lora=False), tokenizer.pad_token_id)
     stripped = [{k: v for k, v in r.items() if k != "perturbed_completions"} for r in data["forget"]]
@@ -157,11 +157,12 @@ def tofu_block(log) -> list[dict]:
             [encode_record(r, tokenizer, max_length=512, seed=0, what="calibration") for r in records], 16)])
     rows.append({"data": "mini-TOFU", "arch": "qwen2", "run": "alpha from generated counterfactuals only",
                  "alpha": generated.alpha})
-    del base, ref_model
-    for name, values in (("default (no parameters)", {}), ("old defaults", dict(OLD_DEFAULTS))):
+    del ref_model
+    for name, values in (("default (no parameters)", {}), ("secret focus (opt-in, lambda_retain 3)", SECRET_FOCUS),
+                         ("old defaults", dict(OLD_DEFAULTS))):
         log(f"mini-TOFU: {name}")
         rows.append({"data": "mini-TOFU", "arch": "qwen2", "run": name,
-                     **run(str(full), data["forget"], data["retain"], sets, set(), values)})
+                     **run(str(full), data["forget"], data["retain"], sets, set(), values, base=base)})
     return rows
 
 

@@ -43,7 +43,8 @@ def secrets_section(audit: dict) -> str:
             ("greedy answer to the paraphrased prompt", (before or {}).get("paraphrased"), after.get("paraphrased")),
             (f"samples at temperature 1 ({options.get('secret_samples', '?')} per record, share of samples)",
              (before or {}).get("sampled"), after.get("sampled")),
-            ("greedy, after 4-bit quantisation", None, (audit.get("quantization") or {}).get("forget_secrets")),
+            ("greedy, after 4-bit quantisation", (audit.get("quantization") or {}).get("forget_secrets_before"),
+             (audit.get("quantization") or {}).get("forget_secrets")),
             (f"greedy, after relearning on the other half ({relearned['steps']} steps)" if relearned
              else "greedy, after relearning", None, relearned)]
     body = "".join(f"<tr><td>{_e(name)}</td><td>{_share(b)}</td><td>{_share(a)}</td><td>{_ids(a)}</td></tr>"

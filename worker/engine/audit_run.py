@@ -95,6 +95,11 @@ def run_audit(base_source: str, new_model, tokenizer, forget: list[dict], retain
     before = evaluate(base, tokenizer, *sets, **extraction)
     _perplexity_under(base, after, tokenizer.pad_token_id)
     _perplexity_under(base, before, tokenizer.pad_token_id)
+    if "quantization" in report:  # the 4-bit probe's "before": the base's own 4-bit copy
+        quantized, _ = quantized_copy(base)
+        report["quantization"]["forget_secrets_before"] = greedy_leaks(
+            verbatim(quantized, tokenizer, sets[0])["generated"], secrets)
+        del quantized
     del base
     gc.collect()
     timings["base_version"] = time.perf_counter() - t0

@@ -64,7 +64,8 @@ class MascParams(SharedParams):
     eta: float = 0.5
     delta: float = 0.5  # teacher mode: keep alternatives within delta logits of theta_0's best
     lambda_forget: float = 0.01  # measured: 0.1 (the paper's) costs neighbours on models of 1-4 M parameters
-    escalate_after: int = 10  # checks without progress (or too slow for max_steps) before lambda_forget doubles (up to max(1, lambda_retain)); 0: never
+    escalate_after: int = 10  # checks without progress before lambda_forget doubles (up to 1); 0: never. With
+    # secret_focus also when too slow for max_steps, up to max(1, lambda_retain) (worker.engine.schedule)
     lambda_retain: float = 1.0  # with secret_focus, 3.0 kept retain exact match on the customer benchmark (issue 11)
     retain_loss: str = "kl"  # "kl" (KL(pi_0 || pi_theta)) or "nll"
     # Secrets (worker.engine.secret_spans): take the secret's tokens out and keep the rest of the answer at

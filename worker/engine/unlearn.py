@@ -195,9 +195,12 @@ def run_unlearning(model_source: str, forget: list[dict], retain: list[dict] | N
     optimiser = torch.optim.AdamW(policy.trainable_parameters(), lr=params.lr, weight_decay=params.weight_decay)
     stream = ForgetStream(train_set, params.batch_size, rng)
 
-    # The forget weight may grow to the retain weight's scale: a retain term weighted 3 outpulls a forget term
-    # held at 1 (measured on gpt_neox with secret focus, issue 11).
-    escalation = Escalation(params.escalate_after, params.max_steps, max(1.0, params.lambda_retain))
+    # With secret focus: also escalate when the pace is too slow for max_steps (a secret's probability falls
+    # steadily but slowly), and let the forget weight grow to the retain weight's scale (a retain term
+    # weighted 3 outpulls a forget term held at 1). Not for whole records: on mini-TOFU the default with the
+    # pace rule stopped at 590 steps with retain exact match 0.930, against 775 and 0.990 without it (issue 11).
+    escalation = Escalation(params.escalate_after, params.max_steps if params.secret_focus else None,
+                            max(1.0, params.lambda_retain) if params.secret_focus else 1.0)
 
     def shortfall() -> float | None:
         """How far the forget set is from the rule, continuously: over the records still open, the hinge
