@@ -78,7 +78,10 @@ def copy_source(settings: Settings, store: ArtifactStore, source: str, prefix: s
             raise
         except Exception as exc:
             raise invalid(f"source {source!r} cannot be read: {str(exc).splitlines()[0][:300]}", "source") from None
-    path = Path(source).expanduser().resolve()
+    try:
+        path = Path(source).expanduser().resolve()
+    except (RuntimeError, OSError, ValueError) as exc:  # "~nosuchuser/...": no home directory to expand
+        raise invalid(f"source {source!r} is not a path this service can resolve: {exc}", "source") from None
     roots = [Path(r).expanduser().resolve() for r in settings.import_roots]
     if not any(path == root or root in path.parents for root in roots):
         raise invalid(f"source {source!r} is outside the import roots (LETHE_IMPORT_ROOTS)", "source")

@@ -179,6 +179,7 @@ def test_bad_model_registrations(client, fixture_model, tmp_path):
         ({"name": "x", "source": str(fixture_model), "retain": [{"prompt": "Q"}]}, 422, "retain"),
         ({"name": "x", "source": "hf:org/model-that-cannot-be-fetched-here"}, 422, "cannot be fetched"),
         ({"name": "x", "source": str(tmp_path) + "\u0000x"}, 422, "source"),  # found by schemathesis: was a 500
+        ({"name": "x", "source": "~no-such-user-here/model"}, 422, "can resolve"),  # so was this
     ]
     for body, status, words in cases:
         answer = client.post("/v1/models", headers=auth(), json=body)
