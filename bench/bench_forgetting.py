@@ -27,6 +27,7 @@ from worker.engine.fixture import FixtureConfig, build_fixture
 from worker.engine.loading import Policy, context_length, load_model
 from worker.engine.methods.masc import Masc
 from worker.engine.metrics.degeneration import answer_perplexity, degeneration
+from worker.engine.metrics.text import generation_metrics
 from worker.engine.params import AS_PUBLISHED, MascParams, params_for
 from worker.engine.quantize import quantized_copy
 from worker.engine.records import encode_record
@@ -67,8 +68,9 @@ def measure(model, tokenizer, sets: dict, neighbour_ids: set[str], base=None) ->
     near = [v for k, v in retain_em.items() if k in neighbour_ids]
     far = [v for k, v in retain_em.items() if k not in neighbour_ids]
     forget, secrets = sets["forget"], sets["secrets"]
-    forget_texts = text_of(tokenizer, forget.main, model)
-    out = {"forget_exact_match": exact_match(model, tokenizer, forget.main)["value"],
+    answered = generation_metrics(model, tokenizer, forget.main, forget.references)  # one greedy pass serves all
+    forget_texts, forget_degeneration = answered["generated"], degeneration(answered["generated"])
+    out = {"forget_exact_match": answered["exact_match"]["value"],
            "retain_exact_match": sum(retain_em.values()) / len(retain_em),
            "neighbour_exact_match": sum(near) / len(near) if near else None,
            "other_exact_match": sum(far) / len(far) if far else None,
@@ -79,13 +81,13 @@ def measure(model, tokenizer, sets: dict, neighbour_ids: set[str], base=None) ->
            "secret_sampled": sampled_leaks(model, tokenizer, forget.main, secrets, samples=SAMPLES, seed=0)["value"],
            "secret_paraphrased": greedy_leaks(text_of(tokenizer, forget.paraphrased, model), secrets)["value"]
            if forget.paraphrased else None,
-           "forget_loops": degeneration(forget_texts)["loop_share"]["value"],
-           "forget_distinct_2": degeneration(forget_texts)["distinct_2"]["value"],
+           "forget_loops": forget_degeneration["loop_share"]["value"],
+           "forget_distinct_2": forget_degeneration["distinct_2"]["value"],
            "retain_loops": degeneration(text_of(tokenizer, sets["retain"].main, model))["loop_share"]["value"]}
     if base is not None:  # fluency: the answers to erased prompts scored by the base model (loops and noise score high)
-        answers = dict(zip([r.id for r in forget.main], greedy_continuations(model, tokenizer, forget.main)))
         prompts = {r.id: r.input_ids[:r.prompt_len] for r in forget.main}
-        out["forget_ppl_under_base"] = answer_perplexity(base, prompts, answers, tokenizer.pad_token_id)["value"]
+        out["forget_ppl_under_base"] = answer_perplexity(base, prompts, answered["tokens"],
+                                                         tokenizer.pad_token_id)["value"]
     quantized, _ = quantized_copy(model)
     out["secret_quantised"] = greedy_leaks(text_of(tokenizer, forget.main, quantized), secrets)["value"]
     del quantized

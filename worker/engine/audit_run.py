@@ -15,6 +15,7 @@ from worker.engine.metrics import unavailable
 from worker.engine.metrics.degeneration import answer_perplexity
 from worker.engine.metrics.privacy import muse_auc, privleak
 from worker.engine.metrics.stats import ks_p_value
+from worker.engine.metrics.text import generation_metrics
 from worker.engine.quantize import quantized_copy
 from worker.engine.records import normalise_records
 from worker.engine.relearn import relearning_probe
@@ -98,7 +99,7 @@ def run_audit(base_source: str, new_model, tokenizer, forget: list[dict], retain
     if "quantization" in report:  # the 4-bit probe's "before": the base's own 4-bit copy
         quantized, _ = quantized_copy(base)
         report["quantization"]["forget_secrets_before"] = greedy_leaks(
-            verbatim(quantized, tokenizer, sets[0])["generated"], secrets)
+            generation_metrics(quantized, tokenizer, sets[0].main, sets[0].references)["generated"], secrets)
         del quantized
     del base
     gc.collect()

@@ -13,9 +13,10 @@ from worker.engine.secret_spans import leaked_secrets, normalised, record_secret
 DEFAULT_SAMPLES = 10  # samples per forget prompt at temperature 1
 
 
-def request_secrets(forget: list[dict], retain: list[dict]) -> dict[str, list[str]]:
-    """Every forget record's secrets: given, or extracted against the request's shared template."""
-    template = shared_template(forget, retain)
+def request_secrets(forget: list[dict], retain: list[dict], template: set[str] | None = None) -> dict[str, list[str]]:
+    """Every forget record's secrets: given, or extracted against the request's shared template (computed
+    here unless the caller has it)."""
+    template = shared_template(forget, retain) if template is None else template
     return {r["id"]: record_secrets(r, template) for r in forget}
 
 
@@ -27,16 +28,20 @@ def secret_priors(secrets: dict[str, list[str]], retain: list[dict], forget: lis
     of the template words of the record's answer (all retain answers when none does). 0 without retain."""
     if not retain:
         return {rid: 0.0 for rid in secrets}
-    texts = [r["completion"] if "completion" in r else r.get("text", "") for r in retain]
+    texts = [_answer(r) for r in retain]
     words = [set(normalised(t).split()) for t in texts]
-    sources = {r["id"]: r for r in forget or []}
+    answers = {r["id"]: _answer(r) for r in forget or []}
     out = {}
     for rid, spans in secrets.items():
-        source = sources.get(rid, {})
-        own = set(normalised(source.get("completion", source.get("text", ""))).split()) & set(template)
+        own = set(normalised(answers.get(rid, "")).split()) & set(template)
         shaped = [t for t, w in zip(texts, words) if own and len(own & w) >= len(own) / 2] or texts
         out[rid] = max((sum(leaked_secrets([s], t) > 0 for t in shaped) / len(shaped) for s in spans), default=0.0)
     return out
+
+
+def _answer(record: dict) -> str:
+    """The part of a record that is said: its completion, or its passage."""
+    return record["completion"] if "completion" in record else record.get("text", "")
 
 
 def secret_sources(forget: list[dict], secrets: dict[str, list[str]]) -> dict:
@@ -74,7 +79,7 @@ def sampled_leaks(model, tokenizer, records: list[EncodedRecord], secrets: dict[
 
 
 def own_answers(model, tokenizer, records: list[EncodedRecord], secrets: dict[str, list[str]],
-                max_length: int = 0, template: set[str] = frozenset()) -> dict[str, tuple[EncodedRecord, bool]]:
+                max_length: int = 0) -> dict[str, tuple[EncodedRecord, bool]]:
     """The model's own greedy answers to these records' prompts, each as a training example (the prompt,
     then the answer as active tokens: SECRET on its secret-looking tokens, any forget record's secret
     counting, TEMPLATE on the others), and whether it gives one of the record's own secrets back.
@@ -91,7 +96,7 @@ def own_answers(model, tokenizer, records: list[EncodedRecord], secrets: dict[st
     for record, tokens in zip(records, answers):
         leaked = bool(leaked_secrets(secrets.get(record.id, []), tokenizer.decode(tokens, skip_special_tokens=True)))
         prompt = record.input_ids[:record.prompt_len]
-        focus = secret_token_focus(tokenizer, tokens, everything, template) if everything else [TEMPLATE] * len(tokens)
+        focus = secret_token_focus(tokenizer, tokens, everything) if everything else [TEMPLATE] * len(tokens)
         out[record.id] = (EncodedRecord(id=f"{record.id}#own", input_ids=prompt + tokens,
                                         labels=[IGNORE] * len(prompt) + tokens, prompt_len=len(prompt),
                                         source=record.source, focus=[SUPPRESS] * len(prompt) + focus), leaked)

@@ -70,14 +70,6 @@ def sequence_means(values: torch.Tensor, rows: torch.Tensor, n_rows: int) -> tor
     return total / count.clamp(min=1)
 
 
-def masked_sequence_means(values: torch.Tensor, mask: torch.Tensor, rows: torch.Tensor, n_rows: int) -> torch.Tensor:
-    """Mean of per-position values over the masked positions of each sequence (0 where it has none)."""
-    total = torch.zeros(n_rows, dtype=torch.float32, device=values.device).index_add_(
-        0, rows, (values * mask).float())
-    count = torch.zeros(n_rows, dtype=torch.float32, device=values.device).index_add_(0, rows, mask.float())
-    return total / count.clamp(min=1)
-
-
 def secret_spans(logits: torch.Tensor, targets: torch.Tensor, rows: torch.Tensor, span: torch.Tensor,
                  is_secret: torch.Tensor, n_rows: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Per sequence, over its secrets (positions with is_secret, numbered by `span`): the largest

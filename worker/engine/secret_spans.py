@@ -123,15 +123,14 @@ def secret_focus(record, secrets: list[str], tokenizer, template: set[str] = fro
     return focus if any(f >= SECRET for f in focus) else None
 
 
-def secret_token_focus(tokenizer, tokens: list[int], secrets: list[str], template: set[str] = frozenset()) -> list[int]:
+def secret_token_focus(tokenizer, tokens: list[int], secrets: list[str]) -> list[int]:
     """For a generated answer: SECRET on each token whose text is part of a secret (a digit group of it,
-    or one of its words; `template`: words that never count), TEMPLATE on the others. Approximate, and on
-    the side of marking more: the answer is the model's own, and only its secret-looking tokens are
-    taken out. Measured (issue 11): leaving "a" of "a cartographer" out by passing the shared template
-    leaked more on the customer benchmark, so the training loop passes none."""
+    or one of its words), TEMPLATE on the others. Approximate, and on the side of marking more: the
+    answer is the model's own, and only its secret-looking tokens are taken out. (Leaving template words
+    such as "a" of "a cartographer" unmarked leaked more on the customer benchmark, issue 11.)"""
     from worker.engine.records import SECRET, TEMPLATE
 
-    pieces = {w for secret in secrets for w in normalised(secret).split() if w.isdigit() or w not in template}
+    pieces = {w for secret in secrets for w in normalised(secret).split()}
     digits = "".join(d for secret in secrets for d in digit_groups(secret))
     focus = []
     for token in tokens:

@@ -115,8 +115,9 @@ def run_unlearning(model_source: str, forget: list[dict], retain: list[dict] | N
     run = prepare(model_source, forget, retain, params, device)
     dev, memory, started, tokenizer = run.device, run.memory, run.started, run.tokenizer
     forget_enc, retain_enc = run.forget, run.retain
-    secrets = request_secrets([r.source for r in forget_enc], [r.source for r in run.retain])
-    template = shared_template([r.source for r in forget_enc], [r.source for r in run.retain])
+    forget_sources, retain_sources = [r.source for r in forget_enc], [r.source for r in retain_enc]
+    template = shared_template(forget_sources, retain_sources)
+    secrets = request_secrets(forget_sources, retain_sources, template)
     if params.secret_focus:  # which tokens of each record are its secret, and which the template around it
         for record in forget_enc:
             record.focus = secret_focus(record, secrets[record.id], tokenizer, template)
@@ -134,8 +135,7 @@ def run_unlearning(model_source: str, forget: list[dict], retain: list[dict] | N
     # A record whose secret is suppressed and whose template stays as theta_0 has it shows v_i = the template's
     # share of its tokens, as a model that never saw it would: that share is a floor under its ceiling.
     floors = {r.id: 1 - r.secret_tokens / r.active_tokens for r in forget_enc if r.focus is not None}
-    calibration = calibrate(params.alpha, params.record_ceiling, [r.source for r in forget_enc],
-                            [r.source for r in retain_enc], holdout, params.seed,
+    calibration = calibrate(params.alpha, params.record_ceiling, forget_sources, retain_sources, holdout, params.seed,
                             lambda records: [c.violation for c in measure(_encodable(records, tokenizer, run.max_length,
                                                                                       params.seed))], floors)
     latest = RecordStates(measure(forget_enc))
@@ -144,8 +144,7 @@ def run_unlearning(model_source: str, forget: list[dict], retain: list[dict] | N
     train_mode = val_info["mode"] == "train"
     located = frozenset(r.id for r in forget_enc if r.focus is not None and r.secret_tokens)
     erasure = ErasureCondition(calibration.ceilings, params.secret_max_probability, located,
-                               secret_priors(secrets, [r.source for r in run.retain], [r.source for r in forget_enc],
-                                             template))
+                               secret_priors(secrets, retain_sources, forget_sources, template))
     condition = erasure if train_mode else None
     rule = OnlineStopRule(calibration.alpha, params.check_every, params.hoeffding, params.hoeffding_delta, condition)
     confirm_set = val_set[:params.confirm_size] if params.confirm_size else val_set
@@ -301,7 +300,7 @@ def run_unlearning(model_source: str, forget: list[dict], retain: list[dict] | N
         "neighbours": {"count": len(neighbours), "share_of_retain_rows": params.neighbour_share if neighbours else 0,
                        "ids": [retain_enc[j].id for j in neighbours]},
         "repair_steps": repair_steps, "escalations": escalation.trace, "lora": policy.describe(),
-        "secrets": {**secret_sources([r.source for r in forget_enc], secrets), "focus": params.secret_focus,
+        "secrets": {**secret_sources(forget_sources, secrets), "focus": params.secret_focus,
                     "located": sum(r.focus is not None for r in forget_enc)},
         "retain_term": "none (no retain records)" if not retain_enc else params.retain_loss,
         "truncated": [{"id": r.id, "dropped_prompt_tokens": r.truncated_tokens}

@@ -57,10 +57,10 @@ class Masc:
         would say some secret whole."""
         counts = torch.zeros(n, device=rows.device).index_add_(0, rows, torch.ones_like(margins))
         suppressed = focus != TEMPLATE
-        hinge = M.buffered_hinge(margins, self._thresholds(focus), self.params.eta) * suppressed
+        hinge = M.buffered_hinge(margins, self._thresholds(focus), self.params.eta)
         probability, greedy = M.secret_spans(z, y, rows, focus - SECRET, focus >= SECRET, n)
         return (M.sequence_violation(margins, rows, n, self.tau), counts, M.sequence_reproduced(z, y, rows, n),
-                M.masked_sequence_means(hinge, suppressed, rows, n), probability, greedy)
+                M.sequence_means(hinge[suppressed], rows[suppressed], n), probability, greedy)
 
     def loss(self, forget: Batch | None, retain: Batch | None):
         """lambda_retain * L_retain + forget_weight * L_forget + lambda_fluency * L_fluency, from one policy
