@@ -42,6 +42,11 @@ OLD_DEFAULTS = {"val_mode": "holdout", "alpha": 0.2, "lambda_forget": 0.1, "max_
 # Issue 11's secret-focused MASC (worker.engine.methods.masc), opt-in: only the secret's tokens suppressed,
 # the rest held at theta_0, the secret's mass moved where theta_0 would put it, the model's own answers replayed.
 SECRET_FOCUS = {"secret_focus": True, "lambda_retain": 3.0}
+# Issue 11's second round: the secret's mass moved harder (lambda_redistribute 3), once more with another seed
+# to show how far one run's figures are from the next one's.
+SECRET_FOCUS_VARIANTS = {"secret focus, lambda_redistribute 3": {**SECRET_FOCUS, "lambda_redistribute": 3.0},
+                         "secret focus, lambda_redistribute 3, seed 1": {**SECRET_FOCUS, "lambda_redistribute": 3.0,
+                                                                          "seed": 1}}
 # The two strongest baselines of `make bench` on mini-TOFU, with the budget that served them best there.
 BASELINES = {"graddiff": {"epochs": 100, "lr": 1e-3}, "npo_kl": {"epochs": 100, "lr": 1e-3}}
 SAMPLES = 10  # seeded samples per forget prompt
@@ -131,6 +136,7 @@ def customers_block(log) -> list[dict]:
                      **measure(base, tokenizer, sets, neighbour_ids, base)})
         for name, values, method in (("default (no parameters)", {}, "masc"),
                                      ("secret focus (opt-in, lambda_retain 3)", SECRET_FOCUS, "masc"),
+                                     *((name, values, "masc") for name, values in SECRET_FOCUS_VARIANTS.items()),
                                      *((f"{m} {BASELINES[m]}", BASELINES[m], m) for m in BASELINES)):
             log(f"{arch}: {name}")
             rows.append({"data": "customers", "arch": arch, "run": name,

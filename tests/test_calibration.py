@@ -70,6 +70,12 @@ def test_ceilings_are_theta0_violation_on_each_records_counterfactuals_and_alpha
     assert calibration.alpha == pytest.approx((expected["a"] + expected["b"]) / 2)
     assert calibration.summary["alpha"]["source"] == "auto"
     assert calibration.summary["ceilings"]["by_source"] == {"generated_counterfactuals": 2}
+    # With record a decided by its located secrets, alpha "auto" describes the records the mean counts: b.
+    only_b = calibrate("auto", "auto", FORGET, RETAIN, [], 0, scripted(values), mean_over={"b"})
+    assert only_b.alpha == pytest.approx(expected["b"]) and only_b.ceilings == pytest.approx(expected)
+    assert "(1 of 2: those without a located secret)" in only_b.summary["alpha"]["basis"]
+    none_left = calibrate("auto", "auto", FORGET, RETAIN, [], 0, scripted(values), mean_over=set())
+    assert none_left.alpha == pytest.approx(calibration.alpha) and "decide" in none_left.summary["alpha"]["basis"]
 
 
 def test_records_without_counterfactuals_fall_back_to_holdout_then_the_median_then_the_default():

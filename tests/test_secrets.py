@@ -76,6 +76,9 @@ def test_loops_and_distinct_2_by_hand():
     assert is_loop("Mona Mona Mona") and is_loop("was was was was") and is_loop("a b a b a b")
     assert is_loop("Dario-708064876314 0202020202") and not is_loop("The account of Dario Haddad is 73-708064.")
     assert not is_loop("Mona Mona and Omar")
+    # A clause of 5 words said three times is a loop too; said twice it is not.
+    assert is_loop("The phone number of Emeka Novak is + of Emeka Novak is + of Emeka Novak is + of")
+    assert not is_loop("of Emeka Novak is + of Emeka Novak is +")
     assert distinct_2("a b a b") == 2 / 3 and distinct_2("one") is None
 
 

@@ -142,3 +142,23 @@ def test_steady_but_too_slow_progress_doubles_the_forget_weight_and_the_ceiling_
     assert [unbounded.update(100 * i, 100 * 0.98 ** i, 0.01) for i in range(3)] == [0.01] * 3
     capped = Escalation(patience=1, ceiling=3.0)
     assert capped.update(0, 1.0, 2.0) == 2.0 and capped.update(1, 1.0, 2.0) == 3.0
+
+
+def test_records_with_located_secrets_are_judged_by_their_secrets_not_by_the_mean():
+    # r0 and r1 keep their template (v 0.8, above alpha) with their secrets suppressed; r2 is suppressed whole.
+    condition = ErasureCondition({"r0": 0.2, "r1": 0.2, "r2": 0.3}, secret_max=0.01, secret_ids=frozenset({"r0", "r1"}))
+    rule = OnlineStopRule(alpha=0.3, check_every=1, condition=condition)
+    done = [RecordCheck("r0", 0.8, 10, False, secret_probability=0.001),
+            RecordCheck("r1", 0.8, 10, False, secret_probability=0.001), RecordCheck("r2", 0.25, 10, False)]
+    assert rule.judged_mean(done) == pytest.approx(0.25) and mean_violation(done) == pytest.approx(0.6167, abs=1e-4)
+    assert rule.passes(done)[0]  # the full mean 0.62 > alpha does not hold the stop back
+    # r2 above alpha fails the mean (its ceiling 0.3 holds): no stop; a secret above its limit: no stop either.
+    assert not rule.passes(done[:2] + [RecordCheck("r2", 0.31, 10, False)])[0]
+    assert not rule.passes([RecordCheck("r0", 0.8, 10, False, secret_probability=0.02)] + done[1:])[0]
+    # Every record located: the mean is vacuous, the secrets decide; the confirmation says which mean it judged.
+    only = OnlineStopRule(alpha=0.3, check_every=1, condition=ErasureCondition({}, 0.01, frozenset({"r0", "r1"})))
+    assert only.judged_mean(done[:2]) is None
+    assert only.check(0, lambda: done[:2], lambda: done[:2])
+    assert only.trace[-1]["v_judged"] is None and only.trace[-1]["v"] == pytest.approx(0.8)
+    # Without secrets the mean is over every record, as in the paper.
+    assert OnlineStopRule(alpha=0.3, check_every=1).judged_mean(done) == pytest.approx(mean_violation(done))

@@ -112,6 +112,27 @@ def test_final_violation_rate_is_the_full_statistic_also_at_max_steps(fixture_mo
     assert r["final_violation_rate"] != r["v_trace"][-1]["v"] or r["v_trace"][-1]["step"] == 7
 
 
+def test_with_secret_focus_the_leak_flags_at_the_end_are_the_models_own_answers(fixture_model, forget_records,
+                                                                                retain_records):
+    from worker.engine.extraction import greedy_leaks, request_secrets
+    from worker.engine.evaluate import greedy_continuations
+
+    outcome = run_unlearning(str(fixture_model), forget_records, retain_records,
+                             params=MascParams.from_dict({"secret_focus": True, "max_steps": 6, "replay_every": 3,
+                                                          "lr": 1e-3}))
+    r = outcome.result
+    assert r["stop_reason"] == "max_steps" and r["secrets"]["located"] > 0
+    # After 6 steps most secrets still come out; each record's flag is its answer now, not a stale default.
+    tokenizer = outcome.tokenizer
+    records = encoded(tokenizer, forget_records, "forget")
+    texts = {rec.id: tokenizer.decode(t, skip_special_tokens=True)
+             for rec, t in zip(records, greedy_continuations(outcome.model, tokenizer, records))}
+    leaks = greedy_leaks(texts, request_secrets(forget_records, retain_records))["per_record"]
+    assert {p["id"]: p["leaked"] for p in r["per_record"]} == {rid: bool(leaks.get(rid)) for rid in texts}
+    assert any(p["leaked"] for p in r["per_record"]) and not any(p["meets_condition"] for p in r["per_record"]
+                                                                  if p["leaked"])
+
+
 def test_holdout_mode_lists_the_records_never_trained(fixture_model, people):
     forget = [r for p in people[:4] for r in p]  # 20 records: 4 held out
     retain = [r for p in people[4:] for r in p]

@@ -42,10 +42,14 @@ def counterfactual_records(forget: list[dict], retain: list[dict], seed: int) ->
 
 
 def calibrate(alpha, record_ceiling, forget: list[dict], retain: list[dict], holdout: list[dict], seed: int,
-              violation_of: Callable[[list[dict]], list[float]], floors: dict[str, float] | None = None) -> Calibration:
+              violation_of: Callable[[list[dict]], list[float]], floors: dict[str, float] | None = None,
+              mean_over: set[str] | None = None) -> Calibration:
     """alpha and the ceilings, each "auto" or a number. `violation_of(records)`: theta_0's v_i on each
     record that can be encoded (the others are left out). `floors`: per record, a value its automatic
-    ceiling does not go below (the template's share of its tokens, when its secret is located)."""
+    ceiling does not go below (the template's share of its tokens, when its secret is located).
+    `mean_over`: the records the rule's mean counts (worker.engine.stop_rule), when not all of them:
+    alpha "auto" is the mean of their ceilings, so that it describes the same records (of all, when
+    none is left)."""
     summary: dict = {}
     holdout_v = None
     if holdout:
@@ -67,9 +71,14 @@ def calibrate(alpha, record_ceiling, forget: list[dict], retain: list[dict], hol
         ceilings = {r["id"]: float(record_ceiling) for r in forget}
         summary["ceilings"] = {"source": "given", "value": float(record_ceiling)}
     if alpha == AUTO:
-        value = _mean(automatic.values())
+        counted = [v for rid, v in automatic.items() if mean_over is None or rid in mean_over]
+        value = _mean(counted or automatic.values())
         summary["alpha"] = {"value": value, "source": "auto",
                             "basis": "mean over the forget records of theta_0's V on their counterfactuals"}
+        if mean_over is not None and len(counted) < len(automatic):
+            summary["alpha"]["basis"] += (f" ({len(counted)} of {len(automatic)}: those without a located secret)" if counted else
+                                          " (every record has a located secret: its secret conditions decide, not "
+                                          "the mean)")
     else:
         value = float(alpha)
         summary["alpha"] = {"value": value, "source": "given"}

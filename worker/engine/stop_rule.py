@@ -9,6 +9,12 @@ The rule stops at the first confirmation where, measured on every record of D_va
                        and    g_i = 0            (nor greedy-decoded whole, given the text before it)
                        and    l_i = 0            (its own greedy answer gives no secret back)
 
+Where a record's secrets are located (MASC's secret focus), its secret conditions replace both its
+ceiling and its share in the mean: such a record keeps its template as dominant as any model would, so
+its v_i stays near the template's share by design, and a mean that counts it hovers at alpha and lets
+a finished run train on to max_steps (issue 11). V is then the mean over the records suppressed whole,
+and vacuous when there are none.
+
 v_i is the share of record i's active tokens with a restricted margin above tau; c_i its ceiling
 (worker.engine.calibration); r_i = 1 when every active token is the model's argmax under teacher forcing,
 which holds exactly when greedy decoding reproduces the record word for word. A mean can pass while one
@@ -62,6 +68,10 @@ class ErasureCondition:
 
     def failing(self, checks: list[RecordCheck]) -> list[str]:
         return [c.id for c in checks if not self.holds(c)]
+
+    def judged(self, checks: list[RecordCheck]) -> list[RecordCheck]:
+        """The records whose v_i the mean counts: those without located secrets."""
+        return [c for c in checks if c.id not in self.secret_ids]
 
 
 class RecordStates:
@@ -124,10 +134,16 @@ class OnlineStopRule:
             return self.alpha
         return self.alpha - hoeffding_slack(n, self.delta, self.confirmations + 1)
 
+    def judged_mean(self, checks: list[RecordCheck]) -> float | None:
+        """The V compared with alpha: the mean over the records the condition judges by v_i (all of them
+        without a condition); None when there are none (every record decided by its secrets)."""
+        judged = self.condition.judged(checks) if self.condition else checks
+        return mean_violation(judged) if judged else None
+
     def passes(self, checks: list[RecordCheck]) -> tuple[bool, float, list[str]]:
-        v = mean_violation(checks)
+        v, judged = mean_violation(checks), self.judged_mean(checks)
         failing = self.condition.failing(checks) if self.condition else []
-        return v <= self.alpha + TOLERANCE and not failing, v, failing
+        return (judged is None or judged <= self.alpha + TOLERANCE) and not failing, v, failing
 
     def check(self, step: int, trigger: Callable[[], list[RecordCheck]],
               confirm: Callable[[], list[RecordCheck]]) -> bool:
@@ -141,11 +157,15 @@ class OnlineStopRule:
         checks = confirm()
         self.confirmations += 1
         self.last_confirmed = checks
-        v = mean_violation(checks)
+        v, judged = mean_violation(checks), self.judged_mean(checks)
         failing = self.condition.failing(checks) if self.condition else []
-        statistic = hoeffding_bound(v, len(checks), self.delta, self.confirmations) if self.hoeffding else v
-        passed = statistic <= self.alpha + TOLERANCE and not failing
+        n_judged = len(self.condition.judged(checks)) if self.condition else len(checks)
+        statistic = judged if judged is None or not self.hoeffding else hoeffding_bound(judged, n_judged, self.delta,
+                                                                                       self.confirmations)
+        passed = (statistic is None or statistic <= self.alpha + TOLERANCE) and not failing
         entry = _entry(step, "confirm", v, len(failing), failing, passed, n=len(checks))
+        if judged != v:
+            entry["v_judged"] = judged  # the mean over the records judged by v_i (see the module's docstring)
         if self.hoeffding:
             entry["upper_bound"] = statistic
         self.trace.append(entry)

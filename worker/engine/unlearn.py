@@ -33,10 +33,11 @@ from worker.engine.stop_rule import ErasureCondition, OnlineStopRule, RecordChec
 ENGINE_VERSION = "2"
 CONDITION = ("stop when V = mean_i v_i <= alpha and, for every forget record i, v_i <= c_i (its ceiling) and "
              "greedy decoding does not reproduce it (some active token is not the argmax)")
-SECRET_CONDITION = ("stop when V = mean_i v_i <= alpha and, for every forget record i, greedy decoding does not "
-                    "reproduce it; where its secrets are located, no secret is said whole with probability above "
-                    "its limit, none is greedy-decoded given the text before it, and the model's own greedy answer "
-                    "gives none back (these replace the ceiling); elsewhere v_i <= c_i")
+SECRET_CONDITION = ("stop when, for every forget record i, greedy decoding does not reproduce it; where its secrets "
+                    "are located, no secret is said whole with probability above its limit, none is greedy-decoded "
+                    "given the text before it, and the model's own greedy answer gives none back (these replace "
+                    "its ceiling and its share in the mean); elsewhere v_i <= c_i, and V = the mean of v_i over "
+                    "those records <= alpha")
 
 
 @dataclass
@@ -135,14 +136,15 @@ def run_unlearning(model_source: str, forget: list[dict], retain: list[dict] | N
     # A record whose secret is suppressed and whose template stays as theta_0 has it shows v_i = the template's
     # share of its tokens, as a model that never saw it would: that share is a floor under its ceiling.
     floors = {r.id: 1 - r.secret_tokens / r.active_tokens for r in forget_enc if r.focus is not None}
+    located = frozenset(r.id for r in forget_enc if r.focus is not None and r.secret_tokens)
     calibration = calibrate(params.alpha, params.record_ceiling, forget_sources, retain_sources, holdout, params.seed,
                             lambda records: [c.violation for c in measure(_encodable(records, tokenizer, run.max_length,
-                                                                                      params.seed))], floors)
+                                                                                      params.seed))], floors,
+                            {r.id for r in forget_enc} - located if located else None)
     latest = RecordStates(measure(forget_enc))
     initial_v = latest.mean()
     calibration_seconds = time.perf_counter() - t0
     train_mode = val_info["mode"] == "train"
-    located = frozenset(r.id for r in forget_enc if r.focus is not None and r.secret_tokens)
     erasure = ErasureCondition(calibration.ceilings, params.secret_max_probability, located,
                                secret_priors(secrets, retain_sources, forget_sources, template))
     condition = erasure if train_mode else None
@@ -151,17 +153,19 @@ def run_unlearning(model_source: str, forget: list[dict], retain: list[dict] | N
 
     by_record = {r.id: r for r in forget_enc}
 
+    judged_mean: float | None = None  # the mean the rule judges, refreshed once per step (read by is_open)
+
     def is_open(rid: str) -> bool:
-        """Still to be trained: the record fails its own condition, or the mean does and it lies above it
-        with something left to do (a record whose secret tokens are all past the hinge keeps its template:
-        suppressing that too only buys loops)."""
+        """Still to be trained: the record fails its own condition, or it counts in the rule's mean, the
+        mean fails, and it lies above it (a record with located secrets is decided by them alone: once
+        they are suppressed its template stays, as in any model; suppressing that too only buys loops)."""
         if not train_mode:
             return True
         check = latest[rid]
         if not condition.holds(check):
             return True
-        target = rule.mean_target(len(confirm_set))
-        return latest.mean() > target and check.violation > target and (rid not in located or check.hinge > 0)
+        target = rule.mean_target(max(1, len(confirm_set) - len(located)))
+        return rid not in located and judged_mean is not None and judged_mean > target and check.violation > target
 
     def trigger() -> list[RecordCheck]:
         if train_mode:  # the latest state of every record, kept current by the training passes: free
@@ -223,6 +227,7 @@ def run_unlearning(model_source: str, forget: list[dict], retain: list[dict] | N
                 stop_reason = "alpha"
                 break
             algo.forget_weight = escalation.update(step, shortfall(), algo.forget_weight)
+        judged_mean = rule.judged_mean(latest.all()) if train_mode else None
         chosen = stream.next(is_open)
         if step >= params.max_steps:
             stop_reason = "max_steps"
@@ -233,7 +238,10 @@ def run_unlearning(model_source: str, forget: list[dict], retain: list[dict] | N
         if not chosen and sampler is None:
             chosen = train_set[:params.batch_size]  # nothing open and no retain set to repair until the check
         if params.secret_focus and params.replay_every and step % params.replay_every == 0:
-            answer(rng.sample(forget_enc, min(len(forget_enc), params.replay_records)))
+            asked = rng.sample(forget_enc, min(len(forget_enc), params.replay_records))
+            leaking = answer(asked)
+            if train_mode:  # fresh flags: one kept from the last confirmation would keep the trigger shut for good
+                latest.update([replace(latest[r.id], leaked=r.id in leaking) for r in asked])
         # The model's own answers ride along: their secret-looking tokens taken out, the rest kept as
         # theta_0 would continue it (no loops); those of the chosen records first.
         extra = [replay[r.id] for r in chosen if r.id in replay]
@@ -266,6 +274,9 @@ def run_unlearning(model_source: str, forget: list[dict], retain: list[dict] | N
     final_checks = rule.last_confirmed if stop_reason == "alpha" else None
     if final_checks is None or {c.id for c in final_checks} != {r.id for r in forget_enc}:
         final_checks = measure(forget_enc)
+        if params.secret_focus and stop_reason != "cancelled":  # the leak condition, measured now like the rest
+            leaking = answer(forget_enc)
+            final_checks = [replace(c, leaked=c.id in leaking) for c in final_checks]
     by_id = {c.id: c for c in final_checks}
     val_checks = [by_id[r.id] for r in val_set]
     final_v = mean_violation(val_checks)

@@ -14,8 +14,7 @@ from worker.engine.metrics import metric, unavailable
 from worker.engine.records import IGNORE, Batch
 
 TOKEN = re.compile(r"\w+|[^\w\s]")
-LOOP_REPEATS = 3  # an n-gram said this many times in a row is a loop
-LOOP_MAX_N = 4
+LOOP_REPEATS = 3  # an n-gram said this many times in a row is a loop, however long (a clause said thrice too)
 # Loops inside a word or number ("0202020202", "aaaaaaaa"): a 2-8 character unit 4 times, one character 8.
 CHAR_LOOP = re.compile(r"(\S{2,8}?)\1{3,}|(\S)\2{7,}")
 
@@ -25,12 +24,12 @@ def words(text: str) -> list[str]:
 
 
 def is_loop(text: str) -> bool:
-    """Some n-gram of words (n <= 4) repeated at least 3 times back to back, or a unit of characters
+    """Some n-gram of words (any n) repeated at least 3 times back to back, or a unit of characters
     repeated inside one word (CHAR_LOOP)."""
     if CHAR_LOOP.search(text):
         return True
     w = words(text)
-    for n in range(1, LOOP_MAX_N + 1):
+    for n in range(1, len(w) // LOOP_REPEATS + 1):
         for start in range(0, len(w) - n * LOOP_REPEATS + 1):
             gram = w[start:start + n]
             if all(w[start + k * n:start + (k + 1) * n] == gram for k in range(1, LOOP_REPEATS)):
