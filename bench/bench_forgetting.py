@@ -2,7 +2,7 @@
 
 Synthetic customer records (worker.engine.customers: phone, address, occupation, account; namesakes on
 purpose), base models of several architectures trained here until they reproduce every record, and
-the default job through the engine, next to MASC with secret focus (opt-in) and the two strongest
+the default job through the engine, next to MASC's preset "secret-focus" (three seeds) and the two strongest
 baselines of `make bench`. Each row: the erasure, the extraction audit (greedy, sampled, paraphrased,
 4-bit, after relearning), the degeneration of answers, and retain. Then the default job on mini-TOFU
 (forget authors 198-199), next to the old defaults (holdout D_val, alpha 0.2, lambda_forget 0.1,
@@ -39,14 +39,10 @@ ARCHS = ["gpt2", "gpt_neox", "llama"]
 FORGET, RETAIN, HOLDOUT = range(0, 3), range(3, 24), range(24, 27)  # customers: 12, 84 and 12 records
 OLD_DEFAULTS = {"val_mode": "holdout", "alpha": 0.2, "lambda_forget": 0.1, "max_steps": 500, "neighbour_share": 0.0,
                 "lambda_retain": 1.0, **AS_PUBLISHED}
-# Issue 11's secret-focused MASC (worker.engine.methods.masc), opt-in: only the secret's tokens suppressed,
-# the rest held at theta_0, the secret's mass moved where theta_0 would put it, the model's own answers replayed.
-SECRET_FOCUS = {"secret_focus": True, "lambda_retain": 3.0}
-# Issue 11's second round: the secret's mass moved harder (lambda_redistribute 3), once more with another seed
-# to show how far one run's figures are from the next one's.
-SECRET_FOCUS_VARIANTS = {"secret focus, lambda_redistribute 3": {**SECRET_FOCUS, "lambda_redistribute": 3.0},
-                         "secret focus, lambda_redistribute 3, seed 1": {**SECRET_FOCUS, "lambda_redistribute": 3.0,
-                                                                          "seed": 1}}
+# Issue 11's secret-focused MASC, opt-in through the preset "secret-focus" (worker.engine.params): only the
+# secret's tokens suppressed, the rest held at theta_0, the secret's mass moved where theta_0 would put it, the
+# model's own answers replayed, retain argmax gaps kept. Three seeds: one run's figures are not the method's.
+SECRET_FOCUS_RUNS = {f"preset secret-focus, seed {seed}": {"seed": seed} for seed in (0, 1, 2)}
 # The two strongest baselines of `make bench` on mini-TOFU, with the budget that served them best there.
 BASELINES = {"graddiff": {"epochs": 100, "lr": 1e-3}, "npo_kl": {"epochs": 100, "lr": 1e-3}}
 SAMPLES = 10  # seeded samples per forget prompt
@@ -101,9 +97,10 @@ def measure(model, tokenizer, sets: dict, neighbour_ids: set[str], base=None) ->
     return out
 
 
-def run(source: str, forget, retain, sets, neighbour_ids, values: dict, method: str = "masc", base=None) -> dict:
+def run(source: str, forget, retain, sets, neighbour_ids, values: dict, method: str = "masc", base=None,
+        preset: str | None = None) -> dict:
     started = time.perf_counter()
-    params = MascParams.from_dict(values) if method == "masc" else params_for(method, values)
+    params = MascParams.from_dict(values, preset=preset) if method == "masc" else params_for(method, values)
     outcome = run_unlearning(source, forget, retain, params=params, method=method)
     seconds = time.perf_counter() - started
     r = outcome.result
@@ -134,13 +131,13 @@ def customers_block(log) -> list[dict]:
                 "secrets": request_secrets(forget, retain)}
         rows.append({"data": "customers", "arch": arch, "run": "base",
                      **measure(base, tokenizer, sets, neighbour_ids, base)})
-        for name, values, method in (("default (no parameters)", {}, "masc"),
-                                     ("secret focus (opt-in, lambda_retain 3)", SECRET_FOCUS, "masc"),
-                                     *((name, values, "masc") for name, values in SECRET_FOCUS_VARIANTS.items()),
-                                     *((f"{m} {BASELINES[m]}", BASELINES[m], m) for m in BASELINES)):
+        for name, values, method, preset in (("default (no parameters)", {}, "masc", None),
+                                             *((name, values, "masc", "secret-focus")
+                                               for name, values in SECRET_FOCUS_RUNS.items()),
+                                             *((f"{m} {BASELINES[m]}", BASELINES[m], m, None) for m in BASELINES)):
             log(f"{arch}: {name}")
             rows.append({"data": "customers", "arch": arch, "run": name,
-                         **run(source, forget, retain, sets, neighbour_ids, values, method, base)})
+                         **run(source, forget, retain, sets, neighbour_ids, values, method, base, preset)})
         del base
     return rows
 
@@ -166,11 +163,12 @@ def tofu_block(log) -> list[dict]:
     rows.append({"data": "mini-TOFU", "arch": "qwen2", "run": "alpha from generated counterfactuals only",
                  "alpha": generated.alpha})
     del ref_model
-    for name, values in (("default (no parameters)", {}), ("secret focus (opt-in, lambda_retain 3)", SECRET_FOCUS),
-                         ("old defaults", dict(OLD_DEFAULTS))):
+    for name, values, preset in (("default (no parameters)", {}, None),
+                                 ("preset secret-focus, seed 0", {}, "secret-focus"),
+                                 ("old defaults", dict(OLD_DEFAULTS), None)):
         log(f"mini-TOFU: {name}")
         rows.append({"data": "mini-TOFU", "arch": "qwen2", "run": name,
-                     **run(str(full), data["forget"], data["retain"], sets, set(), values, base=base)})
+                     **run(str(full), data["forget"], data["retain"], sets, set(), values, base=base, preset=preset)})
     return rows
 
 

@@ -122,7 +122,10 @@ def test_presets_carry_the_published_defaults_and_explicit_values_win():
     assert (defaults.alpha, defaults.record_ceiling, defaults.lora_targets, defaults.val_mode) == \
         ("auto", "auto", "auto", "train")
     assert (defaults.rho, defaults.eta, defaults.k, defaults.beta) == (scaling.rho, scaling.eta, scaling.k, scaling.beta)
-    assert set(PRESETS) == {"qwen2.5-scaling", "tofu-llama2", "muse-news"}
+    assert set(PRESETS) == {"qwen2.5-scaling", "tofu-llama2", "muse-news", "secret-focus"}
+    focused = MascParams.from_dict({"seed": 1}, preset="secret-focus")
+    assert (focused.secret_focus, focused.lambda_redistribute, focused.lambda_keep, focused.seed) == (True, 3.0, 1.0, 1)
+    assert not MascParams().secret_focus and MascParams().lambda_keep == 0  # the default job is not changed by it
     cli_style = MascParams.from_dict({"k": "3", "hoeffding": "true", "lora_targets": "q_proj,v_proj", "alpha": "0.3"})
     assert (cli_style.k, cli_style.hoeffding, cli_style.lora_targets, cli_style.alpha) == \
         (3, True, ["q_proj", "v_proj"], 0.3)

@@ -127,3 +127,23 @@ def test_gradient_reaches_gold_and_chosen_alternatives_only():
     for row, (t, gold) in enumerate([(t, g) for _, t, g in brute_positions(logits, labels)]):
         touched = set(torch.nonzero(grad[t]).flatten().tolist())
         assert touched == {gold, *indices[row].tolist()}
+
+
+def test_kept_argmax_hinge_against_a_loop_over_tokens():
+    torch.manual_seed(3)
+    z, z0 = torch.randn(9, 13) * 3, torch.randn(9, 13) * 3
+    y = torch.randint(0, 13, (9,))
+    y[0] = int(z0[0].argmax())  # at least one token theta_0 had as its argmax
+    gap = 1.5
+    expected = []
+    for i in range(9):
+        g = z[i, y[i]].item() - max(z[i, v].item() for v in range(13) if v != y[i])
+        g0 = z0[i, y[i]].item() - max(z0[i, v].item() for v in range(13) if v != y[i])
+        expected.append(max(0.0, min(gap, g0) - g))
+    assert M.kept_argmax_hinge(z, z0, y, gap).item() == pytest.approx(sum(expected) / 9, rel=1e-5)
+    # Unchanged weights keep every gap: nothing to pay; the gradient pulls only tokens that fell behind.
+    assert M.kept_argmax_hinge(z0, z0, y, gap).item() == 0.0
+    z.requires_grad_(True)
+    M.kept_argmax_hinge(z, z0, y, gap).backward()
+    moved = {i for i in range(9) if z.grad[i].abs().sum() > 0}
+    assert moved == {i for i in range(9) if expected[i] > 0}

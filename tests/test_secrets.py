@@ -166,6 +166,28 @@ def test_secret_focused_masc_loss_by_loop():
     assert float(total) == pytest.approx(expected, rel=1e-5)
 
 
+def test_the_retain_term_keeps_argmax_gaps_by_loop():
+    """lambda_keep: the retain KL plus lambda_keep * mean relu(min(keep_gap, g_0) - g) over retain tokens."""
+    from worker.engine.methods.masc import Masc
+    from worker.engine.params import MascParams
+    from worker.engine.records import Batch
+
+    g = torch.Generator().manual_seed(1)
+    z, z0 = torch.randn(1, 5, 8, generator=g) * 2, torch.randn(1, 5, 8, generator=g) * 2
+    labels = torch.tensor([[IGNORE, 2, 7, 1, 4]])
+    batch = Batch(torch.zeros(1, 5, dtype=torch.long), torch.ones(1, 5), labels)
+    plain = Masc(MascParams(), FixedPolicy(z, z0), pad_id=0).loss(None, batch)[1]["retain"]
+    params = MascParams.from_dict({"lambda_keep": 0.7, "keep_gap": 1.0})
+    kept = Masc(params, FixedPolicy(z, z0), pad_id=0).loss(None, batch)[1]["retain"]
+    hinges = []
+    for t in range(1, 5):
+        y = int(labels[0, t])
+        gap = lambda row: float(row[y] - max(row[v] for v in range(8) if v != y))  # noqa: E731
+        hinges.append(max(0.0, min(1.0, gap(z0[0, t - 1])) - gap(z[0, t - 1])))
+    assert sum(hinges) > 0
+    assert kept == pytest.approx(plain + 0.7 * sum(hinges) / 4, rel=1e-5)
+
+
 def test_given_secrets_stay_as_evidence_only_as_hashes():
     import json
 

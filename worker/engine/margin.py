@@ -122,3 +122,17 @@ def masked_kl(ref_logits: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
 def token_nll(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """Token-mean NLL on active rows."""
     return F.cross_entropy(logits.float(), targets)
+
+
+def argmax_gap(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Per active row: the target's logit minus the largest other logit (> 0: greedy decoding says it)."""
+    return logits.float().gather(1, targets[:, None])[:, 0] - without(logits, targets).max(-1).values
+
+
+def kept_argmax_hinge(logits: torch.Tensor, ref_logits: torch.Tensor, targets: torch.Tensor,
+                      gap: float) -> torch.Tensor:
+    """Token-mean relu(min(gap, g_0) - g) with g the target's argmax gap under pi_theta and g_0 under pi_0:
+    zero while each retain token stays as far ahead as theta_0 had it, up to `gap` logits. A KL averaged
+    over every token barely notices the one token whose flip breaks a namesake's answer; this does."""
+    wanted = torch.clamp(argmax_gap(ref_logits, targets), max=gap).detach()
+    return F.relu(wanted - argmax_gap(logits, targets)).mean()

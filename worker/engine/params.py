@@ -68,10 +68,15 @@ class MascParams(SharedParams):
     # secret_focus also when too slow for max_steps, up to max(1, lambda_retain) (worker.engine.schedule)
     lambda_retain: float = 1.0  # with secret_focus, 3.0 kept retain exact match on the customer benchmark (issue 11)
     retain_loss: str = "kl"  # "kl" (KL(pi_0 || pi_theta)) or "nll"
+    # With the KL retain term: also keep each retain token's argmax gap as theta_0 had it, up to keep_gap
+    # logits (worker.engine.margin.kept_argmax_hinge), weighted lambda_keep inside the retain term. 0: off.
+    lambda_keep: float = 0.0
+    keep_gap: float = 2.0
     # Secrets (worker.engine.secret_spans): take the secret's tokens out and keep the rest of the answer at
-    # theta_0 (fluent); off: every token of every record is suppressed, as in the paper. Opt-in for now:
-    # on the customer benchmark it leaks nothing and loops less, but on single-token secrets from a closed
-    # vocabulary (the test fixture's cities, colours) the rule does not fire within 400 steps (issue 11).
+    # theta_0 (fluent); off: every token of every record is suppressed, as in the paper. Opt-in for now, best
+    # through the preset "secret-focus": on the customer benchmark it leaks nothing and loops less, but on
+    # single-token secrets from a closed vocabulary (the test fixture's cities, colours) the rule did not fire
+    # within 400 steps, and mini-TOFU has not been measured with the preset (issue 11).
     secret_focus: bool = False
     secret_max_probability: float = 0.01  # the rule: no secret may still be sampled whole more often
     rho_secret: float = 0.01  # a secret token's restricted probability target (>= its probability): <= secret_max_probability
@@ -138,6 +143,8 @@ class MascParams(SharedParams):
         need(self.lambda_forget > 0, "lambda_forget", "must be > 0")
         need(self.escalate_after >= 0, "escalate_after", "must be >= 0 (0: never)")
         need(self.lambda_retain >= 0, "lambda_retain", "must be >= 0")
+        need(self.lambda_keep >= 0, "lambda_keep", "must be >= 0 (0: off)")
+        need(self.keep_gap > 0, "keep_gap", "must be > 0")
         need(self.check_every >= 1, "check_every", "must be >= 1")
         need(self.trigger_size >= 1, "trigger_size", "must be >= 1")
         need(self.confirm_size >= 0, "confirm_size", "must be >= 0 (0: all of D_val)")
@@ -210,6 +217,12 @@ PRESETS: dict[str, dict] = {
                         alpha=0.475, lr=1e-4, batch_size=2, alternatives="self", **AS_PUBLISHED),
     "muse-news": dict(alternatives="teacher", k=2, delta=0.5, beta=5.0, rho=0.7, eta=0.5, lambda_retain=1.0,
                       lambda_forget=0.5, alpha=0.55, **AS_PUBLISHED),
+    # Ours, not published (issue 11): only the secrets go, the answer stays fluent; the secret's mass moved
+    # harder; retain tokens kept as far ahead as theta_0 had them (without that, retain EM of the namesakes
+    # swung with the seed). Measured on the customer benchmark only (BENCHMARKS.md); on single-token secrets
+    # from a closed vocabulary the rule may not fire within max_steps. Teacher alternatives took gpt_neox's
+    # loops away and brought llama's in: not chosen.
+    "secret-focus": dict(secret_focus=True, lambda_retain=3.0, lambda_redistribute=3.0, lambda_keep=1.0),
 }
 
 

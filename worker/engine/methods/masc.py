@@ -125,7 +125,10 @@ class Masc:
             if reference is None:
                 reference, labels = self.policy.reference_logits(retain), retain.labels
             z0, _, _ = M.active_positions(reference, labels)
-            return M.masked_kl(z0, z)
+            kl = M.masked_kl(z0, z)
+            if self.params.lambda_keep > 0:
+                return kl + self.params.lambda_keep * M.kept_argmax_hinge(z, z0, y, self.params.keep_gap)
+            return kl
         return M.token_nll(z, y)
 
     def _retain_only(self, retain: Batch):
