@@ -126,6 +126,8 @@ def test_presets_carry_the_published_defaults_and_explicit_values_win():
     focused = MascParams.from_dict({"seed": 1}, preset="secret-focus")
     assert (focused.secret_focus, focused.lambda_redistribute, focused.lambda_keep, focused.seed) == (True, 3.0, 1.0, 1)
     assert not MascParams().secret_focus and MascParams().lambda_keep == 0  # the default job is not changed by it
+    with pytest.raises(EngineInputError, match="lambda_keep"):  # no term that silently does nothing
+        MascParams.from_dict({"lambda_keep": 1.0, "retain_loss": "nll"})
     cli_style = MascParams.from_dict({"k": "3", "hoeffding": "true", "lora_targets": "q_proj,v_proj", "alpha": "0.3"})
     assert (cli_style.k, cli_style.hoeffding, cli_style.lora_targets, cli_style.alpha) == \
         (3, True, ["q_proj", "v_proj"], 0.3)

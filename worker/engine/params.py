@@ -144,6 +144,8 @@ class MascParams(SharedParams):
         need(self.escalate_after >= 0, "escalate_after", "must be >= 0 (0: never)")
         need(self.lambda_retain >= 0, "lambda_retain", "must be >= 0")
         need(self.lambda_keep >= 0, "lambda_keep", "must be >= 0 (0: off)")
+        need(self.lambda_keep == 0 or self.retain_loss == "kl", "lambda_keep",
+             "needs retain_loss \"kl\" (it is part of that term)")
         need(self.keep_gap > 0, "keep_gap", "must be > 0")
         need(self.check_every >= 1, "check_every", "must be >= 1")
         need(self.trigger_size >= 1, "trigger_size", "must be >= 1")
