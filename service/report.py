@@ -21,8 +21,17 @@ def verdict(engine: dict, audit: dict) -> dict:
     erasure = engine.get("erasure") or {}
     if engine["stop_reason"] == "alpha":
         source = (engine.get("alpha") or {}).get("source")
-        evidence.append(f"stop rule fired: V = {engine['final_violation_rate']:.3f} <= alpha = {alpha:.3f}"
-                        + (" (calibrated on theta_0)" if source == "auto" else ""))
+        calibrated = " (calibrated on theta_0)" if source == "auto" else ""
+        if "judged_violation_rate" not in erasure:
+            evidence.append(f"stop rule fired: V = {engine['final_violation_rate']:.3f} <= alpha = {alpha:.3f}"
+                            + calibrated)
+        elif erasure["judged_violation_rate"] is None:  # secret focus: every record decided by its secrets
+            evidence.append("stop rule fired: every record's located secrets meet their conditions (the mean V is "
+                            "not judged: each record keeps its template, as a model that never saw it would)")
+        else:
+            evidence.append(f"stop rule fired: V = {erasure['judged_violation_rate']:.3f} over the "
+                            f"{erasure['judged_records']} records suppressed whole <= alpha = {alpha:.3f}{calibrated}; "
+                            "the others' located secrets meet their conditions")
     elif engine["stop_reason"] == "budget":  # a baseline: no stop rule, the verbatim evidence decides
         evidence.append(f"{engine.get('method', 'baseline')} ran its fixed budget of {engine['steps']} steps")
     else:

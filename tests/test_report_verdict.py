@@ -102,3 +102,15 @@ def test_no_secret_to_extract_is_said_not_hidden():
                                     "sampled": {"value": None, "reason": "no forget record has a secret"}}
     v = verdict(engine(), a)
     assert v["forgotten"] and "no secret to extract (no forget record has a secret)" in v["evidence"]
+
+
+def test_with_located_secrets_the_evidence_names_the_mean_the_rule_judged():
+    # V over every record (0.68) is above alpha (0.2); the rule judged 2 records suppressed whole at 0.15.
+    some = {**engine(v=0.68), "erasure": {"applied": True, "judged_violation_rate": 0.15, "judged_records": 2}}
+    line = next(e for e in verdict(some, audit())["evidence"] if e.startswith("stop rule fired"))
+    assert "V = 0.150 over the 2 records suppressed whole <= alpha = 0.200" in line and "0.680" not in line
+    every = {**engine(v=0.68), "erasure": {"applied": True, "judged_violation_rate": None, "judged_records": 0}}
+    line = next(e for e in verdict(every, audit())["evidence"] if e.startswith("stop rule fired"))
+    assert "located secrets meet their conditions" in line and "<= alpha" not in line
+    plain = next(e for e in verdict(engine(v=0.1), audit())["evidence"] if e.startswith("stop rule fired"))
+    assert plain == "stop rule fired: V = 0.100 <= alpha = 0.200"

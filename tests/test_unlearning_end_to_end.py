@@ -122,6 +122,11 @@ def test_with_secret_focus_the_leak_flags_at_the_end_are_the_models_own_answers(
                                                           "lr": 1e-3}))
     r = outcome.result
     assert r["stop_reason"] == "max_steps" and r["secrets"]["located"] > 0
+    # The mean the rule judged: over the records without a located secret.
+    unlocated = [p for p in r["per_record"] if not p["secret_tokens"]]
+    assert r["erasure"]["judged_records"] == len(unlocated)
+    assert r["erasure"]["judged_violation_rate"] == (pytest.approx(sum(p["violation"] for p in unlocated) /
+                                                                   len(unlocated)) if unlocated else None)
     # After 6 steps most secrets still come out; each record's flag is its answer now, not a stale default.
     tokenizer = outcome.tokenizer
     records = encoded(tokenizer, forget_records, "forget")
