@@ -134,10 +134,13 @@ class OnlineStopRule:
             return self.alpha
         return self.alpha - hoeffding_slack(n, self.delta, self.confirmations + 1)
 
+    def judged(self, checks: list[RecordCheck]) -> list[RecordCheck]:
+        """The records the mean counts: those the condition judges by v_i (all of them without a condition)."""
+        return self.condition.judged(checks) if self.condition else checks
+
     def judged_mean(self, checks: list[RecordCheck]) -> float | None:
-        """The V compared with alpha: the mean over the records the condition judges by v_i (all of them
-        without a condition); None when there are none (every record decided by its secrets)."""
-        judged = self.condition.judged(checks) if self.condition else checks
+        """The V compared with alpha; None when no record counts (every record decided by its secrets)."""
+        judged = self.judged(checks)
         return mean_violation(judged) if judged else None
 
     def passes(self, checks: list[RecordCheck]) -> tuple[bool, float, list[str]]:
@@ -157,11 +160,11 @@ class OnlineStopRule:
         checks = confirm()
         self.confirmations += 1
         self.last_confirmed = checks
-        v, judged = mean_violation(checks), self.judged_mean(checks)
+        v, counted = mean_violation(checks), self.judged(checks)
+        judged = mean_violation(counted) if counted else None
         failing = self.condition.failing(checks) if self.condition else []
-        n_judged = len(self.condition.judged(checks)) if self.condition else len(checks)
-        statistic = judged if judged is None or not self.hoeffding else hoeffding_bound(judged, n_judged, self.delta,
-                                                                                       self.confirmations)
+        statistic = (hoeffding_bound(judged, len(counted), self.delta, self.confirmations)
+                     if self.hoeffding and judged is not None else judged)
         passed = (statistic is None or statistic <= self.alpha + TOLERANCE) and not failing
         entry = _entry(step, "confirm", v, len(failing), failing, passed, n=len(checks))
         if judged != v:

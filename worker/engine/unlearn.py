@@ -306,7 +306,7 @@ def run_unlearning(model_source: str, forget: list[dict], retain: list[dict] | N
                     "records_meeting_condition": len(per_record) - len(failing), "failing_ids": failing,
                     # The V the rule compares with alpha: over the records without located secrets (None: none).
                     **({"judged_violation_rate": rule.judged_mean(val_checks),
-                        "judged_records": len(condition.judged(val_checks))} if train_mode and located else {}),
+                        "judged_records": len(rule.judged(val_checks))} if train_mode and located else {}),
                     "reproduced_ids": [r["id"] for r in per_record if r["reproduced"]]},
         "per_record": per_record,
         "v_trace": rule.trace, "loss_trace": loss_trace, "validation": val_info,
