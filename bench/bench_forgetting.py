@@ -2,10 +2,10 @@
 
 Synthetic customer records (worker.engine.customers: phone, address, occupation, account; namesakes on
 purpose), base models of several architectures trained here until they reproduce every record, and
-the default job through the engine, next to MASC's preset "secret-focus" (three seeds) and the two strongest
-baselines of `make bench`. Each row: the erasure, the extraction audit (greedy, sampled, paraphrased,
+the default job through the engine (three seeds), next to MASC's preset "whole-record" (the default before
+issue 11) and the two strongest baselines of `make bench`. Each row: the erasure, the extraction audit (greedy, sampled, paraphrased,
 4-bit, after relearning), the degeneration of answers, and retain. Then the default job on mini-TOFU
-(forget authors 198-199), next to the old defaults (holdout D_val, alpha 0.2, lambda_forget 0.1,
+(forget authors 198-199), next to "whole-record" and the defaults of issue 10's time (holdout D_val, alpha 0.2, lambda_forget 0.1,
 uniform retain sampling), where a retrain reference exists to check the calibrated alpha against.
 Prints a table, writes bench/results/forgetting.json and the block in BENCHMARKS.md. Nothing is asserted."""
 from __future__ import annotations
@@ -39,10 +39,11 @@ ARCHS = ["gpt2", "gpt_neox", "llama"]
 FORGET, RETAIN, HOLDOUT = range(0, 3), range(3, 24), range(24, 27)  # customers: 12, 84 and 12 records
 OLD_DEFAULTS = {"val_mode": "holdout", "alpha": 0.2, "lambda_forget": 0.1, "max_steps": 500, "neighbour_share": 0.0,
                 "lambda_retain": 1.0, **AS_PUBLISHED}
-# Issue 11's secret-focused MASC, opt-in through the preset "secret-focus" (worker.engine.params): only the
-# secret's tokens suppressed, the rest held at theta_0, the secret's mass moved where theta_0 would put it, the
-# model's own answers replayed, retain argmax gaps kept. Three seeds: one run's figures are not the method's.
-SECRET_FOCUS_RUNS = {f"preset secret-focus, seed {seed}": {"seed": seed} for seed in (0, 1, 2)}
+# The default job (issue 11: only the secret's tokens suppressed, the rest held at theta_0, the secret's mass
+# moved where theta_0 would put it, the model's own answers replayed, retain argmax gaps kept), three seeds: one
+# run's figures are not the method's. Then the default before it, every token of every record suppressed.
+MASC_RUNS = [(f"default (no parameters), seed {seed}", {"seed": seed} if seed else {}, None) for seed in (0, 1, 2)]
+MASC_RUNS.append(("preset whole-record (the default before issue 11)", {}, "whole-record"))
 # The two strongest baselines of `make bench` on mini-TOFU, with the budget that served them best there.
 BASELINES = {"graddiff": {"epochs": 100, "lr": 1e-3}, "npo_kl": {"epochs": 100, "lr": 1e-3}}
 SAMPLES = 10  # seeded samples per forget prompt
@@ -131,9 +132,7 @@ def customers_block(log) -> list[dict]:
                 "secrets": request_secrets(forget, retain)}
         rows.append({"data": "customers", "arch": arch, "run": "base",
                      **measure(base, tokenizer, sets, neighbour_ids, base)})
-        for name, values, method, preset in (("default (no parameters)", {}, "masc", None),
-                                             *((name, values, "masc", "secret-focus")
-                                               for name, values in SECRET_FOCUS_RUNS.items()),
+        for name, values, method, preset in (*((name, values, "masc", preset) for name, values, preset in MASC_RUNS),
                                              *((f"{m} {BASELINES[m]}", BASELINES[m], m, None) for m in BASELINES)):
             log(f"{arch}: {name}")
             rows.append({"data": "customers", "arch": arch, "run": name,
@@ -164,8 +163,8 @@ def tofu_block(log) -> list[dict]:
                  "alpha": generated.alpha})
     del ref_model
     for name, values, preset in (("default (no parameters)", {}, None),
-                                 ("preset secret-focus, seed 0", {}, "secret-focus"),
-                                 ("old defaults", dict(OLD_DEFAULTS), None)):
+                                 ("preset whole-record (the default before issue 11)", {}, "whole-record"),
+                                 ("defaults before issue 10", dict(OLD_DEFAULTS), None)):
         log(f"mini-TOFU: {name}")
         rows.append({"data": "mini-TOFU", "arch": "qwen2", "run": name,
                      **run(str(full), data["forget"], data["retain"], sets, set(), values, base=base, preset=preset)})
@@ -197,20 +196,22 @@ def table(rows: list[dict]) -> str:
 
 def main() -> None:
     """`--customers-only`: the customer-record block alone (minutes, not the mini-TOFU fixtures' half hour),
-    into its own block of BENCHMARKS.md and bench/results/forgetting-customers.json."""
+    into its own block of BENCHMARKS.md and bench/results/forgetting-customers.json; `--tofu-only`: the
+    mini-TOFU block alone, likewise (forgetting-tofu)."""
     def log(line):
         print(line, file=sys.stderr, flush=True)
 
     torch.manual_seed(0)
-    only = "--customers-only" in sys.argv
-    rows = customers_block(log) + ([] if only else tofu_block(log))
-    name = "forgetting-customers" if only else "forgetting"
+    only = next((flag for flag in ("--customers-only", "--tofu-only") if flag in sys.argv), None)
+    rows = (([] if only == "--tofu-only" else customers_block(log))
+            + ([] if only == "--customers-only" else tofu_block(log)))
+    name = {None: "forgetting", "--customers-only": "forgetting-customers", "--tofu-only": "forgetting-tofu"}[only]
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / f"{name}.json").write_text(json.dumps({"rows": rows, "versions": library_versions(),
                                                       "machine": platform.platform()}, indent=2))
     text = table(rows)
     print(text)
-    command = "`python -m bench.bench_forgetting --customers-only`" if only else "`make bench-forgetting`"
+    command = f"`python -m bench.bench_forgetting {only}`" if only else "`make bench-forgetting`"
     update_benchmarks(name, f"## A deletion with no parameters: {command}\n\n"
                             f"Measured on {platform.machine()} ({torch.get_num_threads()} threads), CPU. "
                             f"Raw figures: `bench/results/{name}.json`. Secret columns: share of forget records "

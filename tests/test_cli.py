@@ -24,7 +24,7 @@ def test_unlearn_cli_writes_model_and_result(fixture_model, forget_records, reta
     retain = write_jsonl(tmp_path / "retain.jsonl", retain_records)
     out = tmp_path / "out"
     done = run_cli("unlearn", "--model", str(fixture_model), "--forget", str(forget), "--retain", str(retain),
-                   "--out", str(out), "--lr", "1e-3", "--max-steps", "400", "--check-every", "5")
+                   "--out", str(out), "--lr", "1e-3", "--max-steps", "1000", "--check-every", "5")
     assert done.returncode == 0, done.stderr
     assert "stop_reason=alpha" in done.stdout
     assert "step" in done.stderr  # the progress bar

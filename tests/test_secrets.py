@@ -7,9 +7,9 @@ import torch
 from transformers import AutoTokenizer
 
 from worker.engine import margin as M
-from worker.engine.extraction import greedy_leaks, secret_priors
-from worker.engine.metrics.degeneration import answer_perplexity, distinct_2, is_loop
-from worker.engine.records import IGNORE, SECRET, TEMPLATE, encode_record
+from worker.engine.extraction import answer_focus, greedy_leaks, secret_priors
+from worker.engine.metrics.degeneration import answer_perplexity, distinct_2, is_loop, repeated_positions
+from worker.engine.records import IGNORE, LOOP, SECRET, TEMPLATE, encode_record
 from worker.engine.secret_spans import leaks, record_secrets, secret_focus, secret_token_focus
 from worker.engine.stop_rule import ErasureCondition, RecordCheck
 
@@ -82,6 +82,29 @@ def test_loops_and_distinct_2_by_hand():
     assert distinct_2("a b a b") == 2 / 3 and distinct_2("one") is None
 
 
+def test_repeated_positions_mark_every_token_of_a_repeated_trigram_by_hand():
+    assert repeated_positions([1, 2, 3, 4, 1, 2, 3, 5]) == [False] * 4 + [True] * 3 + [False]
+    assert repeated_positions([7, 7, 7, 7]) == [False, True, True, True]  # (7, 7, 7) again from position 1
+    assert repeated_positions([1, 2, 1, 2]) == [False] * 4  # no trigram said twice
+    assert repeated_positions([1, 2]) == [False, False]
+
+
+def test_an_own_answer_marks_its_loop_and_its_secrets_but_not_template_words(fixture_model):
+    tokenizer = AutoTokenizer.from_pretrained(fixture_model)
+    ids = lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]  # noqa: E731
+    pieces = lambda tokens, focus, kind: [tokenizer.decode([t]).strip() for t, f in zip(tokens, focus) if f == kind]  # noqa: E731
+    fluent = ids(" Kalomi works as a baker.")
+    assert pieces(fluent, answer_focus(tokenizer, fluent, " Kalomi works as a baker.", ["a baker"], {"a", "works", "as"}),
+                  SECRET) == ["baker"]  # "a" is said by every answer of this shape
+    assert "a" in pieces(fluent, answer_focus(tokenizer, fluent, "", ["a baker"], set()), SECRET)
+    said = " Kalomi plays the harp. Kalomi plays the harp. Kalomi plays the harp."
+    looping = ids(said)
+    focus = answer_focus(tokenizer, looping, said, ["teal"], set())
+    once = len(ids(" Kalomi plays the harp."))
+    assert LOOP not in focus[:once] and all(f == LOOP for f in focus[once:])  # the turn back and all that follows
+    assert LOOP not in answer_focus(tokenizer, looping[:2 * once], tokenizer.decode(looping[:2 * once]), [], set())
+
+
 def test_answer_perplexity_is_exp_of_the_mean_answer_nll(fixture_model):
     from transformers import AutoModelForCausalLM
     model = AutoModelForCausalLM.from_pretrained(fixture_model).eval()
@@ -127,36 +150,38 @@ class FixedPolicy:
 
 def test_secret_focused_masc_loss_by_loop():
     """Hinge at tau_secret on the secret's tokens only, KL to pi_0 on the template's, KL to pi_0 without the
-    gold token on the secret's; each token mean computed by a loop over the positions."""
+    gold token on the secret's, the hinge at tau_secret alone on a loop's token; each token mean computed by a
+    loop over the positions."""
     from worker.engine.methods.masc import Masc
     from worker.engine.params import MascParams
     from worker.engine.records import Batch
 
     g = torch.Generator().manual_seed(0)
-    z, z0 = torch.randn(1, 6, 8, generator=g), torch.randn(1, 6, 8, generator=g)
-    labels = torch.tensor([[IGNORE, IGNORE, 3, 4, 5, 6]])
-    focus = torch.tensor([[1, 1, TEMPLATE, SECRET, SECRET, TEMPLATE]])
+    z, z0 = torch.randn(1, 7, 8, generator=g), torch.randn(1, 7, 8, generator=g)
+    labels = torch.tensor([[IGNORE, IGNORE, 3, 4, 5, 6, 2]])
+    focus = torch.tensor([[1, 1, TEMPLATE, SECRET, SECRET, TEMPLATE, LOOP]])
     params = MascParams.from_dict({"secret_focus": True, "k": 3, "lambda_fluency": 2.0, "lambda_redistribute": 0.5})
     masc = Masc(params, FixedPolicy(z, z0), pad_id=0)
-    total, parts = masc.loss(Batch(torch.zeros(1, 6, dtype=torch.long), torch.ones(1, 6), labels, focus), None)
+    total, parts = masc.loss(Batch(torch.zeros(1, 7, dtype=torch.long), torch.ones(1, 7), labels, focus), None)
 
     def kl(ref, logit):
         p0 = torch.softmax(ref, -1)
         return float((p0 * (torch.log(p0.clamp_min(1e-30)) - torch.log_softmax(logit, -1))).sum())
 
     hinges, fluency, redistribute = [], [], []
-    for t in range(1, 6):  # logits at t - 1 predict labels[t]
+    for t in range(1, 7):  # logits at t - 1 predict labels[t]
         y, zt, z0t = int(labels[0, t]), z[0, t - 1], z0[0, t - 1]
         if y == IGNORE:
             continue
-        if int(focus[0, t]) >= SECRET:
+        if int(focus[0, t]) >= SECRET or int(focus[0, t]) == LOOP:
             alternatives = sorted((v for v in range(8) if v != y), key=lambda v: -float(zt[v]))[:3]
             margin = float(zt[y] - torch.logsumexp(zt[alternatives], 0))  # SPEC: gold against S_k
             hinges.append(max(0.0, margin - (params.tau_secret - params.eta)) / params.eta)
+        if int(focus[0, t]) >= SECRET:
             denied = z0t.clone()
             denied[y] = -1e4
             redistribute.append(kl(denied, zt))
-        else:
+        elif int(focus[0, t]) == TEMPLATE:
             fluency.append(kl(z0t, zt))
     mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
     assert parts["forget"] == pytest.approx(mean(hinges), rel=1e-5)
@@ -164,6 +189,7 @@ def test_secret_focused_masc_loss_by_loop():
     assert parts["redistribute"] == pytest.approx(mean(redistribute), rel=1e-5)
     expected = params.lambda_forget * mean(hinges) + 2.0 * mean(fluency) + 0.5 * mean(redistribute)
     assert float(total) == pytest.approx(expected, rel=1e-5)
+    assert len(hinges) == 3 and len(fluency) == 2 and len(redistribute) == 2
 
 
 def test_the_retain_term_keeps_argmax_gaps_by_loop():
@@ -176,7 +202,7 @@ def test_the_retain_term_keeps_argmax_gaps_by_loop():
     z, z0 = torch.randn(1, 5, 8, generator=g) * 2, torch.randn(1, 5, 8, generator=g) * 2
     labels = torch.tensor([[IGNORE, 2, 7, 1, 4]])
     batch = Batch(torch.zeros(1, 5, dtype=torch.long), torch.ones(1, 5), labels)
-    plain = Masc(MascParams(), FixedPolicy(z, z0), pad_id=0).loss(None, batch)[1]["retain"]
+    plain = Masc(MascParams.from_dict({"lambda_keep": 0}), FixedPolicy(z, z0), pad_id=0).loss(None, batch)[1]["retain"]
     params = MascParams.from_dict({"lambda_keep": 0.7, "keep_gap": 1.0})
     kept = Masc(params, FixedPolicy(z, z0), pad_id=0).loss(None, batch)[1]["retain"]
     hinges = []

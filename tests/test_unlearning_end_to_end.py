@@ -10,12 +10,12 @@ from worker.engine.evaluate import exact_match
 from worker.engine.fixture import FixtureConfig, build_fixture
 from worker.engine.loading import Policy, load_model, save_model
 from worker.engine.methods.masc import Masc
-from worker.engine.params import MascParams
+from worker.engine.params import AS_PUBLISHED, MascParams
 from worker.engine.records import collate, encode_records, normalise_records
 from worker.engine.unlearn import run_unlearning
 
-# The tiny fixture learns fast; 1e-3 keeps a run to about a hundred steps where the defaults are not the point.
-FAST = dict(lr=1e-3, max_steps=400)
+# The tiny fixture learns fast; 1e-3 keeps a run to a few hundred steps where the defaults are not the point.
+FAST = dict(lr=1e-3, max_steps=1000)
 
 
 def encoded(tokenizer, records, what):
@@ -38,11 +38,24 @@ def test_defaults_erase_every_record_and_keep_the_rest(fixture_model, unlearned,
     outcome, _ = unlearned
     r = outcome.result
     assert r["stop_reason"] == "alpha"
-    assert r["final_violation_rate"] <= r["alpha"]["value"]
-    # Every record was trained on and checked; none is reproduced, each is at or below its ceiling.
+    # Secret focus is the default: a record whose secrets are located is judged by them (each secret's
+    # probability under its limit, none said greedily or in the model's own answer), the others by their
+    # ceiling and by the mean V over them against alpha.
+    assert r["params"]["secret_focus"] is True and r["secrets"]["located"] > 0
+    located = [p for p in r["per_record"] if p["secret_tokens"]]
+    whole = [p for p in r["per_record"] if not p["secret_tokens"]]
+    assert all(p["secret_probability"] <= p["secret_limit"] and not p["secret_greedy"] and not p["leaked"]
+               for p in located)
+    assert all(p["violation"] <= p["ceiling"] for p in whole)
+    assert r["erasure"]["judged_violation_rate"] == (pytest.approx(sum(p["violation"] for p in whole) / len(whole))
+                                                     if whole else None)
+    assert not whole or r["erasure"]["judged_violation_rate"] <= r["alpha"]["value"]
+    # Only records with located secrets have their own answers replayed: a record suppressed whole would have
+    # its answer held at theta_0 by the fluency term, against its own suppression.
+    assert set(r["secrets"]["replayed_ids"]) == {p["id"] for p in located}
+    # Every record was trained on and checked; none is reproduced.
     assert r["validation"] == {"mode": "train", "n_train": 10, "n_val": 10}
     assert all(p["trained"] and p["meets_condition"] and not p["reproduced"] for p in r["per_record"])
-    assert all(p["violation"] <= p["ceiling"] for p in r["per_record"])
     assert r["erasure"]["applied"] and r["erasure"]["failing_ids"] == []
     after = exact_match(outcome.model, tokenizer, forget)
     assert after["value"] == 0.0
@@ -57,7 +70,6 @@ def test_auto_alpha_is_theta0_violation_on_the_records_counterfactuals(fixture_m
     outcome, _ = unlearned
     r = outcome.result
     assert r["alpha"]["source"] == "auto"
-    assert r["erasure"]["ceilings"]["by_source"] == {"perturbed_completions": len(forget_records)}
     base, tokenizer = load_model(fixture_model, torch.device("cpu"))
     policy = Policy(base, lora=True)  # adapters start at zero: exactly theta_0
     masc = Masc(MascParams(), policy, tokenizer.pad_token_id)
@@ -67,9 +79,17 @@ def test_auto_alpha_is_theta0_violation_on_the_records_counterfactuals(fixture_m
                     for j, c in enumerate(record["perturbed_completions"])]
         checks = masc.check_records(encoded(tokenizer, variants, "cf"), 16)
         expected[record["id"]] = sum(c.violation for c in checks) / len(checks)
+    # With secret focus a record's ceiling is at least the share of its tokens that are template (they stay as
+    # dominant as in any model), and alpha is the mean over the records without a located secret.
+    floors = {p["id"]: 1 - p["secret_tokens"] / p["active_tokens"] for p in r["per_record"] if p["secret_tokens"]}
+    assert floors and len(floors) < len(expected)  # the test fixture has both kinds
     ceilings = {p["id"]: p["ceiling"] for p in r["per_record"]}
-    assert ceilings == pytest.approx(expected, abs=1e-6)
-    assert r["alpha"]["value"] == pytest.approx(sum(expected.values()) / len(expected), abs=1e-6)
+    assert ceilings == pytest.approx({rid: max(v, floors.get(rid, 0.0)) for rid, v in expected.items()}, abs=1e-6)
+    from_floor = sum(floors.get(rid, 0.0) > v for rid, v in expected.items())
+    assert r["erasure"]["ceilings"]["by_source"] == {k: n for k, n in (("perturbed_completions", len(expected) - from_floor),
+                                                                       ("template_share", from_floor)) if n}
+    whole = [v for rid, v in expected.items() if rid not in floors]
+    assert r["alpha"]["value"] == pytest.approx(sum(whole) / len(whole), abs=1e-6)
     assert r["initial_violation_rate"] > 0.9  # the base reproduces everything
 
 
@@ -198,12 +218,14 @@ def test_small_forget_set_cannot_be_held_out_and_says_so(fixture_model, forget_r
 
 
 @pytest.mark.parametrize("values", [
-    dict(lora=False, lr=5e-4, max_steps=300),  # full fine-tuning with a frozen copy
+    dict(lora=False, lr=5e-4, max_steps=1000),  # full fine-tuning with a frozen copy
     dict(alternatives="teacher", k=2, delta=0.5, beta=5.0, rho=0.7, lambda_forget=0.5, alpha=0.55, lr=1e-3,
-         max_steps=300),  # the MUSE preset's teacher mode
+         max_steps=300, **AS_PUBLISHED),  # the MUSE preset's teacher mode, whole records as published
     # With n = 10 the Hoeffding slack is 0.42 at the first confirmation and grows with each one (the
-    # union bound over checks), hence the loose alpha and the sparse checks.
-    dict(retain_loss="nll", hoeffding=True, alpha=0.7, val_mode="train", lr=1e-3, max_steps=300, check_every=25),
+    # union bound over checks), hence the loose alpha and the sparse checks; whole records, so that the mean
+    # counts all ten.
+    dict(retain_loss="nll", hoeffding=True, alpha=0.7, val_mode="train", lr=1e-3, max_steps=300, check_every=25,
+         **AS_PUBLISHED),
 ])
 def test_other_modes_reach_the_stop_rule(fixture_model, forget_records, retain_records, values):
     outcome = run_unlearning(str(fixture_model), forget_records, retain_records,

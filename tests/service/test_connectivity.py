@@ -8,7 +8,7 @@ from service.models import Connectivity, Job
 from tests.service.browser import layout
 from tests.service.conftest import auth, wait_for
 
-FAST = {"lr": 1e-3, "max_steps": 400}
+FAST = {"lr": 1e-3, "max_steps": 1000}
 
 
 def count_rows():

@@ -21,7 +21,7 @@ from worker.engine.fixture import train_tokenizer
 from worker.engine.loading import load_model
 from worker.engine.records import encode_records, normalise_records
 
-FAST = {"lr": 1e-3, "max_steps": 400}
+FAST = {"lr": 1e-3, "max_steps": 1000}
 
 
 def submit(client, model, forget, request_id, params=None, key=None, **extra):

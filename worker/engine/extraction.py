@@ -7,7 +7,8 @@ from __future__ import annotations
 from worker.engine.counterfactual import shared_template
 from worker.engine.evaluate import MAX_NEW_TOKENS, continuations
 from worker.engine.metrics import metric, unavailable
-from worker.engine.records import IGNORE, SUPPRESS, TEMPLATE, EncodedRecord
+from worker.engine.metrics.degeneration import is_loop, repeated_positions
+from worker.engine.records import IGNORE, LOOP, SECRET, SUPPRESS, TEMPLATE, EncodedRecord
 from worker.engine.secret_spans import leaked_secrets, normalised, record_secrets, secret_token_focus
 
 DEFAULT_SAMPLES = 10  # samples per forget prompt at temperature 1
@@ -78,11 +79,21 @@ def sampled_leaks(model, tokenizer, records: list[EncodedRecord], secrets: dict[
             "leaking_ids": sorted(rid for rid, v in per_record.items() if v > 0)}
 
 
+def answer_focus(tokenizer, tokens: list[int], text: str, secrets: list[str], template: set[str]) -> list[int]:
+    """Per token of a generated answer: SECRET on its secret-looking tokens (secret_token_focus), LOOP on the
+    tokens that repeat what it already said when the answer loops, TEMPLATE on the others."""
+    focus = secret_token_focus(tokenizer, tokens, secrets, template) if secrets else [TEMPLATE] * len(tokens)
+    if is_loop(text):  # where the answer turns back on itself, the repeated tokens go too
+        focus = [LOOP if again and f < SECRET else f for f, again in zip(focus, repeated_positions(tokens))]
+    return focus
+
+
 def own_answers(model, tokenizer, records: list[EncodedRecord], secrets: dict[str, list[str]],
-                max_length: int = 0) -> dict[str, tuple[EncodedRecord, bool]]:
+                max_length: int = 0, template: set[str] = frozenset()) -> dict[str, tuple[EncodedRecord, bool]]:
     """The model's own greedy answers to these records' prompts, each as a training example (the prompt,
     then the answer as active tokens: SECRET on its secret-looking tokens, any forget record's secret
-    counting, TEMPLATE on the others), and whether it gives one of the record's own secrets back.
+    counting, LOOP on the tokens that repeat what it already said when it loops, TEMPLATE on the others),
+    and whether it gives one of the record's own secrets back.
     Teacher forcing trains on the true text only; these catch what the model says once it has strayed
     from it: a secret that comes back later ("Omar Tanaka lives at 44 Quarry Close"), or a loop."""
     if not records:
@@ -94,9 +105,10 @@ def own_answers(model, tokenizer, records: list[EncodedRecord], secrets: dict[st
                             max_new_tokens=max(1, budget))
     out = {}
     for record, tokens in zip(records, answers):
-        leaked = bool(leaked_secrets(secrets.get(record.id, []), tokenizer.decode(tokens, skip_special_tokens=True)))
+        text = tokenizer.decode(tokens, skip_special_tokens=True)
+        leaked = bool(leaked_secrets(secrets.get(record.id, []), text))
         prompt = record.input_ids[:record.prompt_len]
-        focus = secret_token_focus(tokenizer, tokens, everything) if everything else [TEMPLATE] * len(tokens)
+        focus = answer_focus(tokenizer, tokens, text, everything, template)
         out[record.id] = (EncodedRecord(id=f"{record.id}#own", input_ids=prompt + tokens,
                                         labels=[IGNORE] * len(prompt) + tokens, prompt_len=len(prompt),
                                         source=record.source, focus=[SUPPRESS] * len(prompt) + focus), leaked)

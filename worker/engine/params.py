@@ -66,22 +66,24 @@ class MascParams(SharedParams):
     lambda_forget: float = 0.01  # measured: 0.1 (the paper's) costs neighbours on models of 1-4 M parameters
     escalate_after: int = 10  # checks without progress before lambda_forget doubles (up to 1); 0: never. With
     # secret_focus also when too slow for max_steps, up to max(1, lambda_retain) (worker.engine.schedule)
-    lambda_retain: float = 1.0  # with secret_focus, 3.0 kept retain exact match on the customer benchmark (issue 11)
+    lambda_retain: float = 3.0  # measured with secret_focus: 1.0 cost namesakes' retain exact match (issue 11)
     retain_loss: str = "kl"  # "kl" (KL(pi_0 || pi_theta)) or "nll"
     # With the KL retain term: also keep each retain token's argmax gap as theta_0 had it, up to keep_gap
     # logits (worker.engine.margin.kept_argmax_hinge), weighted lambda_keep inside the retain term. 0: off.
-    lambda_keep: float = 0.0
+    # "auto": 3 with the KL retain term (measured: 3 kept retain EM >= 0.976 on the customer benchmark where 1
+    # let it fall to 0.929, issue 11), 0 with "nll", which has no theta_0 to keep gaps from.
+    lambda_keep: float | str = "auto"
     keep_gap: float = 2.0
     # Secrets (worker.engine.secret_spans): take the secret's tokens out and keep the rest of the answer at
-    # theta_0 (fluent); off: every token of every record is suppressed, as in the paper. Opt-in for now, best
-    # through the preset "secret-focus": on the customer benchmark it leaks nothing and loops less, but on
-    # single-token secrets from a closed vocabulary (the test fixture's cities, colours) the rule did not fire
-    # within 400 steps, and mini-TOFU has not been measured with the preset (issue 11).
-    secret_focus: bool = False
+    # theta_0 (fluent); off: every token of every record is suppressed, as in the paper (preset
+    # "whole-record"). On by default since issue 11: suppressing whole records left secrets in 2 of 12
+    # greedy answers and 8-25 % loops on the customer benchmark, where this leaked none (BENCHMARKS.md).
+    # A record with no located secret is still suppressed whole.
+    secret_focus: bool = True
     secret_max_probability: float = 0.01  # the rule: no secret may still be sampled whole more often
     rho_secret: float = 0.01  # a secret token's restricted probability target (>= its probability): <= secret_max_probability
     lambda_fluency: float = 1.0  # KL(pi_0 || pi_theta) on the forget answers' other tokens
-    lambda_redistribute: float = 1.0  # KL(theta_0 without the secret token || pi_theta) at secret tokens
+    lambda_redistribute: float = 3.0  # KL(theta_0 without the secret token || pi_theta) at secret tokens
     replay_every: int = 25  # steps between refreshes of the model's own answers to forget prompts (0: off)
     replay_records: int = 32  # forget prompts answered at each refresh
     # Sampling: retain batches lean towards the forget set's nearest neighbours (worker.engine.neighbours).
@@ -143,8 +145,8 @@ class MascParams(SharedParams):
         need(self.lambda_forget > 0, "lambda_forget", "must be > 0")
         need(self.escalate_after >= 0, "escalate_after", "must be >= 0 (0: never)")
         need(self.lambda_retain >= 0, "lambda_retain", "must be >= 0")
-        need(self.lambda_keep >= 0, "lambda_keep", "must be >= 0 (0: off)")
-        need(self.lambda_keep == 0 or self.retain_loss == "kl", "lambda_keep",
+        need(self.lambda_keep == "auto" or self.lambda_keep >= 0, "lambda_keep", "must be \"auto\" or >= 0 (0: off)")
+        need(self.lambda_keep in ("auto", 0) or self.retain_loss == "kl", "lambda_keep",
              "needs retain_loss \"kl\" (it is part of that term)")
         need(self.keep_gap > 0, "keep_gap", "must be > 0")
         need(self.check_every >= 1, "check_every", "must be >= 1")
@@ -165,6 +167,13 @@ class MascParams(SharedParams):
     @property
     def tau_secret(self) -> float:
         return math.log(self.rho_secret / (1 - self.rho_secret))
+
+    @property
+    def keep_weight(self) -> float:
+        """lambda_keep resolved: "auto" is 3 with the KL retain term, 0 with "nll"."""
+        if self.lambda_keep == "auto":
+            return 3.0 if self.retain_loss == "kl" else 0.0
+        return float(self.lambda_keep)
 
 
 
@@ -209,7 +218,7 @@ def _coerce(spec: dataclasses.Field, value):
 
 
 # The published method suppresses every token of a record: no secret focus, no fluency term.
-AS_PUBLISHED = dict(secret_focus=False, lambda_fluency=0.0, lambda_redistribute=0.0)
+AS_PUBLISHED = dict(secret_focus=False, lambda_fluency=0.0, lambda_redistribute=0.0, lambda_keep=0.0)
 # Published defaults (SPEC section 3). lr and batch are given for TOFU only; the others keep ours.
 PRESETS: dict[str, dict] = {
     "qwen2.5-scaling": dict(lambda_forget=0.1, lambda_retain=1.0, rho=0.5, eta=0.5, k=10, beta=1.0,
@@ -219,12 +228,10 @@ PRESETS: dict[str, dict] = {
                         alpha=0.475, lr=1e-4, batch_size=2, alternatives="self", **AS_PUBLISHED),
     "muse-news": dict(alternatives="teacher", k=2, delta=0.5, beta=5.0, rho=0.7, eta=0.5, lambda_retain=1.0,
                       lambda_forget=0.5, alpha=0.55, **AS_PUBLISHED),
-    # Ours, not published (issue 11): only the secrets go, the answer stays fluent; the secret's mass moved
-    # harder; retain tokens kept as far ahead as theta_0 had them (without that, retain EM of the namesakes
-    # swung with the seed). Measured on the customer benchmark only (BENCHMARKS.md); on single-token secrets
-    # from a closed vocabulary the rule may not fire within max_steps. Teacher alternatives took gpt_neox's
-    # loops away and brought llama's in: not chosen.
-    "secret-focus": dict(secret_focus=True, lambda_retain=3.0, lambda_redistribute=3.0, lambda_keep=1.0),
+    # The defaults before issue 11: every token of every record suppressed, retain KL weighted 1.
+    "whole-record": dict(lambda_retain=1.0, **AS_PUBLISHED),
+    # Issue 11's secret focus by name, as it was opt-in before it became the default (the same values).
+    "secret-focus": dict(secret_focus=True, lambda_retain=3.0, lambda_redistribute=3.0, lambda_keep="auto"),
 }
 
 

@@ -18,6 +18,9 @@ IGNORE = -100
 # the shared template), suppress it (a record with no located secret: every token), or take it out (a
 # token of the record's k-th secret: SECRET + k, so that each secret's probability can be told apart).
 TEMPLATE, SUPPRESS, SECRET = 0, 1, 2
+# A token of the model's own answer that repeats what the answer already said, in an answer that loops:
+# suppressed until it is no longer the argmax (unlikelihood of repetition), never held at theta_0.
+LOOP = -1
 # Continuation mode (SPEC 2): split a passage at r ~ U(0.2, 0.6), keeping this many tokens each side.
 SPLIT_RANGE = (0.2, 0.6)
 SPLIT_MIN_SIDE = 32

@@ -123,14 +123,15 @@ def secret_focus(record, secrets: list[str], tokenizer, template: set[str] = fro
     return focus if any(f >= SECRET for f in focus) else None
 
 
-def secret_token_focus(tokenizer, tokens: list[int], secrets: list[str]) -> list[int]:
+def secret_token_focus(tokenizer, tokens: list[int], secrets: list[str], template: set[str] = frozenset()) -> list[int]:
     """For a generated answer: SECRET on each token whose text is part of a secret (a digit group of it,
-    or one of its words), TEMPLATE on the others. Approximate, and on the side of marking more: the
-    answer is the model's own, and only its secret-looking tokens are taken out. (Leaving template words
-    such as "a" of "a cartographer" unmarked leaked more on the customer benchmark, issue 11.)"""
+    or one of its words, unless a template word such as "a" of "a cartographer"), TEMPLATE on the others.
+    Approximate, and on the side of marking more: the answer is the model's own, and only its
+    secret-looking tokens are taken out. (Marking "a" as well turned "works as a locksmith" into
+    "works as." on the customer benchmark, issue 11.)"""
     from worker.engine.records import SECRET, TEMPLATE
 
-    pieces = {w for secret in secrets for w in normalised(secret).split()}
+    pieces = {w for secret in secrets for w in normalised(secret).split() if w not in template}
     digits = "".join(d for secret in secrets for d in digit_groups(secret))
     focus = []
     for token in tokens:

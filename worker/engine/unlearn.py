@@ -177,8 +177,11 @@ def run_unlearning(model_source: str, forget: list[dict], retain: list[dict] | N
     replay: dict[str, EncodedRecord] = {}  # the model's latest own answer to each forget prompt
 
     def answer(records: list[EncodedRecord]) -> set[str]:
-        """Refresh the model's own answers to these prompts; the ids of those that give a secret back."""
-        fresh = own_answers(policy.model, tokenizer, records, secrets, run.max_length)
+        """Refresh the model's own answers to these prompts; the ids of those that give a secret back. Only
+        records with located secrets: a record suppressed whole would have its own answer held at theta_0 by
+        the fluency term, against its own suppression (it stayed reproduced for 400 steps on the test fixture)."""
+        records = [r for r in records if r.id in located]
+        fresh = own_answers(policy.model, tokenizer, records, secrets, run.max_length, template)
         replay.update({rid: example for rid, (example, _) in fresh.items()})
         return {rid for rid, (_, leaked) in fresh.items() if leaked}
 
@@ -242,8 +245,8 @@ def run_unlearning(model_source: str, forget: list[dict], retain: list[dict] | N
             leaking = answer(asked)
             if train_mode:  # fresh flags: one kept from the last confirmation would keep the trigger shut for good
                 latest.update([replace(latest[r.id], leaked=r.id in leaking) for r in asked])
-        # The model's own answers ride along: their secret-looking tokens taken out, the rest kept as
-        # theta_0 would continue it (no loops); those of the chosen records first.
+        # The model's own answers ride along: their secret-looking tokens taken out, where they loop the
+        # repeated tokens too, the rest kept as theta_0 would continue it; those of the chosen records first.
         extra = [replay[r.id] for r in chosen if r.id in replay]
         others = [e for rid, e in replay.items() if rid not in {r.id for r in chosen}]
         extra += rng.sample(others, min(len(others), max(0, params.batch_size - len(extra))))
@@ -315,7 +318,9 @@ def run_unlearning(model_source: str, forget: list[dict], retain: list[dict] | N
                        "ids": [retain_enc[j].id for j in neighbours]},
         "repair_steps": repair_steps, "escalations": escalation.trace, "lora": policy.describe(),
         "secrets": {**secret_sources(forget_sources, secrets), "focus": params.secret_focus,
-                    "located": sum(r.focus is not None for r in forget_enc)},
+                    "located": sum(r.focus is not None for r in forget_enc),
+                    # whose own greedy answers were trained on (records with located secrets only)
+                    "replayed_ids": sorted(replay)},
         "retain_term": "none (no retain records)" if not retain_enc else params.retain_loss,
         "truncated": [{"id": r.id, "dropped_prompt_tokens": r.truncated_tokens}
                       for r in forget_enc + retain_enc if r.truncated_tokens],

@@ -13,7 +13,7 @@ import torch
 from worker.engine import margin as M
 from worker.engine.loading import Policy, autocast
 from worker.engine.params import MascParams
-from worker.engine.records import SECRET, SUPPRESS, TEMPLATE, Batch, EncodedRecord, batches, concat_batches
+from worker.engine.records import LOOP, SECRET, SUPPRESS, TEMPLATE, Batch, EncodedRecord, batches, concat_batches
 from worker.engine.stop_rule import RecordCheck
 
 
@@ -47,8 +47,8 @@ class Masc:
 
     def _thresholds(self, focus: torch.Tensor) -> torch.Tensor:
         """tau, and tau_secret at a secret's tokens: there the restricted probability must fall to rho_secret,
-        below 1/(k+1), where the true token can no longer be the argmax."""
-        return torch.where(focus >= SECRET, self.tau_secret, self.tau).float()
+        below 1/(k+1), where the true token can no longer be the argmax; the same at a loop's tokens."""
+        return torch.where((focus >= SECRET) | (focus == LOOP), self.tau_secret, self.tau).float()
 
     def _measure(self, margins, rows, z, y, focus, n: int):
         """Per sequence: v_i, the number of active tokens L_i, r_i (greedy decoding reproduces it), the mean
@@ -126,8 +126,8 @@ class Masc:
                 reference, labels = self.policy.reference_logits(retain), retain.labels
             z0, _, _ = M.active_positions(reference, labels)
             kl = M.masked_kl(z0, z)
-            if self.params.lambda_keep > 0:
-                return kl + self.params.lambda_keep * M.kept_argmax_hinge(z, z0, y, self.params.keep_gap)
+            if self.params.keep_weight > 0:
+                return kl + self.params.keep_weight * M.kept_argmax_hinge(z, z0, y, self.params.keep_gap)
             return kl
         return M.token_nll(z, y)
 

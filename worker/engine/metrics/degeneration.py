@@ -37,6 +37,19 @@ def is_loop(text: str) -> bool:
     return False
 
 
+def repeated_positions(tokens: list[int], n: int = 3) -> list[bool]:
+    """Per token: whether it lies inside an n-gram of tokens that the sequence already said earlier (the
+    first token of a repetition included: that is where the answer turns back)."""
+    seen: set[tuple[int, ...]] = set()
+    marked = [False] * len(tokens)
+    for start in range(len(tokens) - n + 1):
+        gram = tuple(tokens[start:start + n])
+        if gram in seen:
+            marked[start:start + n] = [True] * n
+        seen.add(gram)
+    return marked
+
+
 def distinct_2(text: str) -> float | None:
     """Distinct word bigrams over all bigrams of one answer; None for answers of fewer than 2 words."""
     w = words(text)
