@@ -2,10 +2,10 @@
 
 Synthetic customer records (worker.engine.customers: phone, address, occupation, account; namesakes on
 purpose), base models of several architectures trained here until they reproduce every record, and
-the default job through the engine (three seeds), next to MASC's preset "whole-record" (the default before
-issue 11) and the two strongest baselines of `make bench`. Each row: the erasure, the extraction audit (greedy, sampled, paraphrased,
+the default job through the engine, next to MASC's preset "secret-focus" (issue 11, three seeds) and the two
+strongest baselines of `make bench`. Each row: the erasure, the extraction audit (greedy, sampled, paraphrased,
 4-bit, after relearning), the degeneration of answers, and retain. Then the default job on mini-TOFU
-(forget authors 198-199), next to "whole-record" and the defaults of issue 10's time (holdout D_val, alpha 0.2, lambda_forget 0.1,
+(forget authors 198-199), next to "secret-focus" and the defaults of issue 10's time (holdout D_val, alpha 0.2, lambda_forget 0.1,
 uniform retain sampling), where a retrain reference exists to check the calibrated alpha against.
 Prints a table, writes bench/results/forgetting.json and the block in BENCHMARKS.md. Nothing is asserted."""
 from __future__ import annotations
@@ -39,11 +39,11 @@ ARCHS = ["gpt2", "gpt_neox", "llama"]
 FORGET, RETAIN, HOLDOUT = range(0, 3), range(3, 24), range(24, 27)  # customers: 12, 84 and 12 records
 OLD_DEFAULTS = {"val_mode": "holdout", "alpha": 0.2, "lambda_forget": 0.1, "max_steps": 500, "neighbour_share": 0.0,
                 "lambda_retain": 1.0, **AS_PUBLISHED}
-# The default job (issue 11: only the secret's tokens suppressed, the rest held at theta_0, the secret's mass
-# moved where theta_0 would put it, the model's own answers replayed, retain argmax gaps kept), three seeds: one
-# run's figures are not the method's. Then the default before it, every token of every record suppressed.
-MASC_RUNS = [(f"default (no parameters), seed {seed}", {"seed": seed} if seed else {}, None) for seed in (0, 1, 2)]
-MASC_RUNS.append(("preset whole-record (the default before issue 11)", {}, "whole-record"))
+# The default job (whole records), then issue 11's preset "secret-focus" (only the secret's tokens suppressed,
+# the rest held at theta_0, the secret's mass moved where theta_0 would put it, the model's own answers replayed
+# with their loops suppressed, retain argmax gaps kept) with three seeds: one run's figures are not the method's.
+MASC_RUNS = [("default (no parameters)", {}, None)]
+MASC_RUNS += [(f"preset secret-focus, seed {seed}", {"seed": seed} if seed else {}, "secret-focus") for seed in (0, 1, 2)]
 # The two strongest baselines of `make bench` on mini-TOFU, with the budget that served them best there.
 BASELINES = {"graddiff": {"epochs": 100, "lr": 1e-3}, "npo_kl": {"epochs": 100, "lr": 1e-3}}
 SAMPLES = 10  # seeded samples per forget prompt
@@ -163,7 +163,7 @@ def tofu_block(log) -> list[dict]:
                  "alpha": generated.alpha})
     del ref_model
     for name, values, preset in (("default (no parameters)", {}, None),
-                                 ("preset whole-record (the default before issue 11)", {}, "whole-record"),
+                                 ("preset secret-focus, seed 0", {}, "secret-focus"),
                                  ("defaults before issue 10", dict(OLD_DEFAULTS), None)):
         log(f"mini-TOFU: {name}")
         rows.append({"data": "mini-TOFU", "arch": "qwen2", "run": name,

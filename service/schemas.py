@@ -110,9 +110,9 @@ class JobCreate(Strict):
         "Engine parameters, checked with the engine's own rules; none are needed. MASC: alpha and "
         "record_ceiling (\"auto\", the default: calibrated on the model's own behaviour on counterfactuals of "
         "the records; or a number), lora_targets (\"auto\": every attention and MLP projection; or module "
-        "names), val_mode (\"train\" or \"holdout\"), secret_focus (true, the default: only each record's "
-        "secrets are suppressed, the rest of the answer stays fluent; false or preset \"whole-record\": every "
-        "token), lr, max_steps, k, rho, eta, beta, lambda_forget, ..."))
+        "names), val_mode (\"train\" or \"holdout\"), secret_focus (false, the default: every token of a record "
+        "is suppressed; true, best through preset \"secret-focus\": only each record's secrets, the rest of the "
+        "answer stays fluent), lr, max_steps, k, rho, eta, beta, lambda_forget, ..."))
     audit: AuditOptions | None = None
     mcu: McuRequest | None = None
 

@@ -125,16 +125,18 @@ def test_presets_carry_the_published_defaults_and_explicit_values_win():
         ("auto", "auto", "auto", "train")
     assert (defaults.rho, defaults.eta, defaults.k, defaults.beta) == (scaling.rho, scaling.eta, scaling.k, scaling.beta)
     assert set(PRESETS) == {"qwen2.5-scaling", "tofu-llama2", "muse-news", "whole-record", "secret-focus"}
-    # Secret focus is the default (issue 11); "secret-focus" names the same values, "whole-record" the old ones.
+    # Whole records by default; "whole-record" names it (the terms it sets to 0 are inactive without secret
+    # focus), "secret-focus" is issue 11's opt-in.
     focused = MascParams.from_dict({"seed": 1}, preset="secret-focus")
-    assert (defaults.secret_focus, defaults.lambda_retain, defaults.lambda_redistribute, defaults.keep_weight) == \
-        (True, 3.0, 3.0, 3.0)
-    assert dataclasses.replace(focused, seed=0) == defaults
+    assert (focused.secret_focus, focused.lambda_retain, focused.lambda_redistribute, focused.keep_weight,
+            focused.seed) == (True, 3.0, 3.0, 3.0, 1)
+    assert (defaults.secret_focus, defaults.lambda_retain, defaults.keep_weight) == (False, 1.0, 0.0)
     whole = MascParams.from_dict({}, preset="whole-record")
     assert (whole.secret_focus, whole.lambda_retain, whole.lambda_redistribute, whole.keep_weight) == (False, 1.0, 0.0, 0.0)
+    assert dataclasses.replace(whole, lambda_fluency=1.0, lambda_redistribute=1.0, lambda_keep="auto") == defaults
     # The published presets suppress whole records, and "auto" keeps no gaps with a cross-entropy retain term.
     assert not any(MascParams.from_dict({}, preset=p).secret_focus for p in ("qwen2.5-scaling", "tofu-llama2", "muse-news"))
-    assert MascParams.from_dict({"retain_loss": "nll"}).keep_weight == 0.0
+    assert MascParams.from_dict({"retain_loss": "nll", "secret_focus": True}).keep_weight == 0.0
     with pytest.raises(EngineInputError, match="lambda_keep"):  # no term that silently does nothing
         MascParams.from_dict({"lambda_keep": 1.0, "retain_loss": "nll"})
     cli_style = MascParams.from_dict({"k": "3", "hoeffding": "true", "lora_targets": "q_proj,v_proj", "alpha": "0.3"})

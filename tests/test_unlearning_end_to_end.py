@@ -38,24 +38,11 @@ def test_defaults_erase_every_record_and_keep_the_rest(fixture_model, unlearned,
     outcome, _ = unlearned
     r = outcome.result
     assert r["stop_reason"] == "alpha"
-    # Secret focus is the default: a record whose secrets are located is judged by them (each secret's
-    # probability under its limit, none said greedily or in the model's own answer), the others by their
-    # ceiling and by the mean V over them against alpha.
-    assert r["params"]["secret_focus"] is True and r["secrets"]["located"] > 0
-    located = [p for p in r["per_record"] if p["secret_tokens"]]
-    whole = [p for p in r["per_record"] if not p["secret_tokens"]]
-    assert all(p["secret_probability"] <= p["secret_limit"] and not p["secret_greedy"] and not p["leaked"]
-               for p in located)
-    assert all(p["violation"] <= p["ceiling"] for p in whole)
-    assert r["erasure"]["judged_violation_rate"] == (pytest.approx(sum(p["violation"] for p in whole) / len(whole))
-                                                     if whole else None)
-    assert not whole or r["erasure"]["judged_violation_rate"] <= r["alpha"]["value"]
-    # Only records with located secrets have their own answers replayed: a record suppressed whole would have
-    # its answer held at theta_0 by the fluency term, against its own suppression.
-    assert set(r["secrets"]["replayed_ids"]) == {p["id"] for p in located}
-    # Every record was trained on and checked; none is reproduced.
+    assert r["final_violation_rate"] <= r["alpha"]["value"]
+    # Every record was trained on and checked; none is reproduced, each is at or below its ceiling.
     assert r["validation"] == {"mode": "train", "n_train": 10, "n_val": 10}
     assert all(p["trained"] and p["meets_condition"] and not p["reproduced"] for p in r["per_record"])
+    assert all(p["violation"] <= p["ceiling"] for p in r["per_record"])
     assert r["erasure"]["applied"] and r["erasure"]["failing_ids"] == []
     after = exact_match(outcome.model, tokenizer, forget)
     assert after["value"] == 0.0
@@ -70,6 +57,7 @@ def test_auto_alpha_is_theta0_violation_on_the_records_counterfactuals(fixture_m
     outcome, _ = unlearned
     r = outcome.result
     assert r["alpha"]["source"] == "auto"
+    assert r["erasure"]["ceilings"]["by_source"] == {"perturbed_completions": len(forget_records)}
     base, tokenizer = load_model(fixture_model, torch.device("cpu"))
     policy = Policy(base, lora=True)  # adapters start at zero: exactly theta_0
     masc = Masc(MascParams(), policy, tokenizer.pad_token_id)
@@ -79,18 +67,40 @@ def test_auto_alpha_is_theta0_violation_on_the_records_counterfactuals(fixture_m
                     for j, c in enumerate(record["perturbed_completions"])]
         checks = masc.check_records(encoded(tokenizer, variants, "cf"), 16)
         expected[record["id"]] = sum(c.violation for c in checks) / len(checks)
-    # With secret focus a record's ceiling is at least the share of its tokens that are template (they stay as
-    # dominant as in any model), and alpha is the mean over the records without a located secret.
-    floors = {p["id"]: 1 - p["secret_tokens"] / p["active_tokens"] for p in r["per_record"] if p["secret_tokens"]}
-    assert floors and len(floors) < len(expected)  # the test fixture has both kinds
     ceilings = {p["id"]: p["ceiling"] for p in r["per_record"]}
-    assert ceilings == pytest.approx({rid: max(v, floors.get(rid, 0.0)) for rid, v in expected.items()}, abs=1e-6)
-    from_floor = sum(floors.get(rid, 0.0) > v for rid, v in expected.items())
-    assert r["erasure"]["ceilings"]["by_source"] == {k: n for k, n in (("perturbed_completions", len(expected) - from_floor),
-                                                                       ("template_share", from_floor)) if n}
-    whole = [v for rid, v in expected.items() if rid not in floors]
-    assert r["alpha"]["value"] == pytest.approx(sum(whole) / len(whole), abs=1e-6)
+    assert ceilings == pytest.approx(expected, abs=1e-6)
+    assert r["alpha"]["value"] == pytest.approx(sum(expected.values()) / len(expected), abs=1e-6)
     assert r["initial_violation_rate"] > 0.9  # the base reproduces everything
+
+
+def test_preset_secret_focus_judges_located_records_by_their_secrets(fixture_model, forget_records,
+                                                                     retain_records):
+    """Issue 11's preset with nothing else set: it reaches its rule on single-word secrets from a closed
+    vocabulary (cities, colours) and on a record whose secret cannot be located (suppressed whole)."""
+    base, tokenizer = load_model(fixture_model, torch.device("cpu"))
+    forget, retain = encoded(tokenizer, forget_records, "forget"), encoded(tokenizer, retain_records, "retain")
+    outcome = run_unlearning(str(fixture_model), forget_records, retain_records,
+                             params=MascParams.from_dict({}, preset="secret-focus"))
+    r = outcome.result
+    assert r["stop_reason"] == "alpha"
+    assert r["params"]["secret_focus"] is True and 0 < r["secrets"]["located"] < len(forget_records)
+    # A record whose secrets are located is judged by them (each secret's probability under its limit, none
+    # said greedily or in the model's own answer), the others by their ceiling and by the mean V over them.
+    located = [p for p in r["per_record"] if p["secret_tokens"]]
+    whole = [p for p in r["per_record"] if not p["secret_tokens"]]
+    assert all(p["secret_probability"] <= p["secret_limit"] and not p["secret_greedy"] and not p["leaked"]
+               for p in located)
+    assert all(p["violation"] <= p["ceiling"] for p in whole)
+    assert r["erasure"]["judged_violation_rate"] == pytest.approx(sum(p["violation"] for p in whole) / len(whole))
+    assert r["erasure"]["judged_violation_rate"] <= r["alpha"]["value"]
+    # A located record's ceiling is at least the share of its tokens that are template.
+    assert all(p["ceiling"] >= 1 - p["secret_tokens"] / p["active_tokens"] - 1e-9 for p in located)
+    # Only records with located secrets have their own answers replayed: a record suppressed whole would have
+    # its answer held at theta_0 by the fluency term, against its own suppression.
+    assert set(r["secrets"]["replayed_ids"]) == {p["id"] for p in located}
+    assert all(p["trained"] and p["meets_condition"] and not p["reproduced"] for p in r["per_record"])
+    assert exact_match(outcome.model, tokenizer, forget)["value"] == 0.0
+    assert exact_match(outcome.model, tokenizer, retain)["value"] >= 0.95 * exact_match(base, tokenizer, retain)["value"]
 
 
 def test_result_records_the_run(unlearned, forget_records):
