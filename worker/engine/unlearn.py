@@ -178,11 +178,11 @@ def run_unlearning(model_source: str, forget: list[dict], retain: list[dict] | N
 
     def answer(records: list[EncodedRecord]) -> set[str]:
         """Refresh the model's own answers to these prompts; the ids of those that give a secret back. Only
-        records with located secrets: a record suppressed whole would have its own answer held at theta_0 by
-        the fluency term, against its own suppression (it stayed reproduced for 400 steps on the test fixture)."""
-        records = [r for r in records if r.id in located]
+        the answers of records with located secrets are trained on: a record suppressed whole would have its
+        own answer held at theta_0 by the fluency term, against its own suppression (it stayed reproduced for
+        400 steps on the test fixture)."""
         fresh = own_answers(policy.model, tokenizer, records, secrets, run.max_length, template)
-        replay.update({rid: example for rid, (example, _) in fresh.items()})
+        replay.update({rid: example for rid, (example, _) in fresh.items() if rid in located})
         return {rid for rid, (_, leaked) in fresh.items() if leaked}
 
     def confirm() -> list[RecordCheck]:
