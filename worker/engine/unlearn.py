@@ -248,7 +248,8 @@ def run_unlearning(model_source: str, forget: list[dict], retain: list[dict] | N
         # The model's own answers ride along: their secret-looking tokens taken out, where they loop the
         # repeated tokens too, the rest kept as theta_0 would continue it; those of the chosen records first.
         extra = [replay[r.id] for r in chosen if r.id in replay]
-        others = [e for rid, e in replay.items() if rid not in {r.id for r in chosen}]
+        chosen_ids = {r.id for r in chosen}
+        others = [e for rid, e in replay.items() if rid not in chosen_ids]
         extra += rng.sample(others, min(len(others), max(0, params.batch_size - len(extra))))
         forget_batch = collate(chosen + extra, pad).to(dev) if chosen or extra else None
         repair_steps += forget_batch is None
