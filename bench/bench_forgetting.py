@@ -2,8 +2,8 @@
 
 Synthetic customer records (worker.engine.customers: phone, address, occupation, account; namesakes on
 purpose), base models of several architectures trained here until they reproduce every record, and
-the default job through the engine, next to MASC's preset "secret-focus" (issue 11, three seeds) and the two
-strongest baselines of `make bench`. Each row: the erasure, the extraction audit (greedy, sampled, paraphrased,
+the default job through the engine (three seeds; the records name their secrets, so it focuses on them), the
+same job on the records without named secrets (whole records), and the two strongest baselines of `make bench`. Each row: the erasure, the extraction audit (greedy, sampled, paraphrased,
 4-bit, after relearning), the degeneration of answers, and retain. Then the default job on mini-TOFU
 (forget authors 198-199), next to "secret-focus" and the defaults of issue 10's time (holdout D_val, alpha 0.2, lambda_forget 0.1,
 uniform retain sampling), where a retrain reference exists to check the calibrated alpha against.
@@ -39,11 +39,13 @@ ARCHS = ["gpt2", "gpt_neox", "llama"]
 FORGET, RETAIN, HOLDOUT = range(0, 3), range(3, 24), range(24, 27)  # customers: 12, 84 and 12 records
 OLD_DEFAULTS = {"val_mode": "holdout", "alpha": 0.2, "lambda_forget": 0.1, "max_steps": 500, "neighbour_share": 0.0,
                 "lambda_retain": 1.0, **AS_PUBLISHED}
-# The default job (whole records), then issue 11's preset "secret-focus" (only the secret's tokens suppressed,
-# the rest held at theta_0, the secret's mass moved where theta_0 would put it, the model's own answers replayed
-# with their loops suppressed, retain argmax gaps kept) with three seeds: one run's figures are not the method's.
-MASC_RUNS = [("default (no parameters)", {}, None)]
-MASC_RUNS += [(f"preset secret-focus, seed {seed}", {"seed": seed} if seed else {}, "secret-focus") for seed in (0, 1, 2)]
+# The default job with three seeds (one run's figures are not the method's): the customer records name their
+# secrets, so it focuses on them (issue 11: only the secret's tokens suppressed, the rest held at theta_0, the
+# secret's mass moved where theta_0 would put it, the model's own answers replayed with their loops suppressed,
+# retain argmax gaps kept). Then the same job on the records with their `secrets` left out: whole records,
+# as the preset "whole-record" (the audit still checks the secrets the records had).
+MASC_RUNS = [(f"default (no parameters), seed {seed}", {"seed": seed} if seed else {}, None) for seed in (0, 1, 2)]
+MASC_RUNS += [("default, secrets not named (= preset whole-record)", {}, None)]
 # The two strongest baselines of `make bench` on mini-TOFU, with the budget that served them best there.
 BASELINES = {"graddiff": {"epochs": 100, "lr": 1e-3}, "npo_kl": {"epochs": 100, "lr": 1e-3}}
 SAMPLES = 10  # seeded samples per forget prompt
@@ -116,6 +118,7 @@ def run(source: str, forget, retain, sets, neighbour_ids, values: dict, method: 
 def customers_block(log) -> list[dict]:
     groups = customer_records(27, seed=0)
     forget = [r for i in FORGET for r in groups[i]]
+    unnamed = [{k: v for k, v in r.items() if k != "secrets"} for r in forget]
     retain = [r for i in RETAIN for r in groups[i]]
     neighbour_ids = {r["id"] for i in RETAIN if any(shares_a_name(groups[f], groups[i]) for f in FORGET)
                      for r in groups[i]}
@@ -135,8 +138,9 @@ def customers_block(log) -> list[dict]:
         for name, values, method, preset in (*((name, values, "masc", preset) for name, values, preset in MASC_RUNS),
                                              *((f"{m} {BASELINES[m]}", BASELINES[m], m, None) for m in BASELINES)):
             log(f"{arch}: {name}")
+            records = unnamed if "not named" in name else forget
             rows.append({"data": "customers", "arch": arch, "run": name,
-                         **run(source, forget, retain, sets, neighbour_ids, values, method, base, preset)})
+                         **run(source, records, retain, sets, neighbour_ids, values, method, base, preset)})
         del base
     return rows
 
@@ -162,6 +166,7 @@ def tofu_block(log) -> list[dict]:
     rows.append({"data": "mini-TOFU", "arch": "qwen2", "run": "alpha from generated counterfactuals only",
                  "alpha": generated.alpha})
     del ref_model
+    # TOFU names no secrets: the default suppresses whole records (secret_focus "auto").
     for name, values, preset in (("default (no parameters)", {}, None),
                                  ("preset secret-focus, seed 0", {}, "secret-focus"),
                                  ("defaults before issue 10", dict(OLD_DEFAULTS), None)):

@@ -2,10 +2,11 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+MAX_VERSION = 999_999_999  # version numbers fit any database's integer
 Record = dict[str, Any]  # checked by worker.engine.recordset with the engine's own rules
 
 
@@ -61,23 +62,23 @@ class AuditOptions(Strict):
 
 class McuRequest(Strict):
     """Mode connectivity as part of an unlearning job (SPEC section 6)."""
-    against: list[Literal["parent"] | int] = Field(default_factory=lambda: ["parent"], min_length=1, max_length=5)
+    against: list[Literal["parent"] | Annotated[int, Field(ge=1, le=MAX_VERSION)]] = Field(default_factory=lambda: ["parent"], min_length=1, max_length=5)
     curve: Literal["linear", "bezier"] = "linear"
     points: int = Field(default=11, ge=3, le=101)
     ensemble: bool = False
-    tolerance: float = Field(default=0.05, ge=0)
+    tolerance: float = Field(default=0.05, ge=0, le=1e6)
     params: dict[str, Any] | None = None  # further engine parameters (fit_steps, space, ensemble_points, ...)
 
 
 class ConnectivityCreate(Strict):
     """A connectivity job on its own: the curve between versions a and b of a model."""
-    a: int = Field(ge=1)
-    b: int = Field(ge=1)
+    a: int = Field(ge=1, le=MAX_VERSION)
+    b: int = Field(ge=1, le=MAX_VERSION)
     curve: Literal["linear", "bezier"] = "linear"
     points: int = Field(default=11, ge=3, le=101)
     forget: list[Record] | None = None
     ensemble: bool = False
-    tolerance: float = Field(default=0.05, ge=0)
+    tolerance: float = Field(default=0.05, ge=0, le=1e6)
     params: dict[str, Any] | None = None
 
 
@@ -99,7 +100,7 @@ class ConnectivityOut(BaseModel):
 
 class JobCreate(Strict):
     model_id: str
-    version: int | None = Field(default=None, ge=1)
+    version: int | None = Field(default=None, ge=1, le=MAX_VERSION)
     request_id: str = Field(min_length=1, max_length=256)
     forget: list[Record] = Field(min_length=1)
     retain: list[Record] | None = None
@@ -110,9 +111,10 @@ class JobCreate(Strict):
         "Engine parameters, checked with the engine's own rules; none are needed. MASC: alpha and "
         "record_ceiling (\"auto\", the default: calibrated on the model's own behaviour on counterfactuals of "
         "the records; or a number), lora_targets (\"auto\": every attention and MLP projection; or module "
-        "names), val_mode (\"train\" or \"holdout\"), secret_focus (false, the default: every token of a record "
-        "is suppressed; true, best through preset \"secret-focus\": only each record's secrets, the rest of the "
-        "answer stays fluent), lr, max_steps, k, rho, eta, beta, lambda_forget, ..."))
+        "names), val_mode (\"train\" or \"holdout\"), secret_focus (\"auto\", the default: a record that names "
+        "its secrets has only them suppressed, the rest of the answer stays fluent; the others are suppressed "
+        "whole; true: extracted secrets too, preset \"secret-focus\"; false: every token, preset "
+        "\"whole-record\"), lr, max_steps, k, rho, eta, beta, lambda_forget, ..."))
     audit: AuditOptions | None = None
     mcu: McuRequest | None = None
 

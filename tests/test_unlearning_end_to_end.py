@@ -47,6 +47,9 @@ def test_defaults_erase_every_record_and_keep_the_rest(fixture_model, unlearned,
     after = exact_match(outcome.model, tokenizer, forget)
     assert after["value"] == 0.0
     assert exact_match(outcome.model, tokenizer, retain)["value"] >= 0.95 * before_retain
+    # No record names its secrets: "auto" suppresses whole records, with the paper's retain weight.
+    assert (r["secrets"]["focus_requested"], r["secrets"]["focus"], r["secrets"]["located"]) == ("auto", False, 0)
+    assert (r["params"]["lambda_retain"], r["params"]["secret_focus"]) == (1.0, False)
     # LoRA found the architecture's projections on its own.
     assert r["params"]["lora_targets"] == "auto"
     assert set(r["lora"]["modules"]) == {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
@@ -140,6 +143,23 @@ def test_final_violation_rate_is_the_full_statistic_also_at_max_steps(fixture_mo
     assert r["final_violation_rate"] == pytest.approx(sum(c.violation for c in checks) / len(checks), abs=1e-6)
     assert [p["violation"] for p in r["per_record"]] == pytest.approx([c.violation for c in checks], abs=1e-6)
     assert r["final_violation_rate"] != r["v_trace"][-1]["v"] or r["v_trace"][-1]["step"] == 7
+
+
+def test_by_default_focus_goes_to_the_records_that_name_their_secrets(fixture_model, forget_records, retain_records):
+    """secret_focus "auto": the records whose request names `secrets` are focused on them; the others (whose
+    secrets would only be extracted) are suppressed whole; the focused run's weights apply."""
+    named = {r["id"]: dict(r, secrets=[r["completion"].rstrip(".").split()[-1]]) for r in forget_records[:5]}
+    forget = [named.get(r["id"], r) for r in forget_records]
+    outcome = run_unlearning(str(fixture_model), forget, retain_records, params=MascParams.from_dict({"max_steps": 3}))
+    r = outcome.result
+    located = {p["id"] for p in r["per_record"] if p["secret_tokens"]}
+    assert located and located <= set(named)  # a closed-vocabulary word shared by others may not be located
+    assert (r["secrets"]["focus_requested"], r["secrets"]["focus"], r["secrets"]["given"]) == ("auto", True, 5)
+    assert (r["params"]["lambda_retain"], r["params"]["lambda_redistribute"]) == (3.0, 3.0)
+    # The same records with secret focus forced on: extracted secrets are located on the others too.
+    forced = run_unlearning(str(fixture_model), forget, retain_records,
+                            params=MascParams.from_dict({"max_steps": 1, "secret_focus": True})).result
+    assert {p["id"] for p in forced["per_record"] if p["secret_tokens"]} - set(named)
 
 
 def test_with_secret_focus_the_leak_flags_at_the_end_are_the_models_own_answers(fixture_model, forget_records,

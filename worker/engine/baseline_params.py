@@ -54,8 +54,8 @@ class BaselineParams(SharedParams):
             self.lr = 1e-4 if self.lora else 1e-5
         super().validate()
         need = self.need
-        need(self.epochs > 0, "epochs", "must be > 0")
-        need(self.lr > 0, "lr", "must be > 0")
+        need(0 < self.epochs <= 10_000, "epochs", "must lie in (0, 10000]")
+        need(0 < self.lr <= 1, "lr", "must lie in (0, 1]")
         need(self.beta > 0, "beta", "must be > 0")
         need(self.forget_weight > 0, "forget_weight", "must be > 0")
         need(self.retain_weight >= 0, "retain_weight", "must be >= 0")

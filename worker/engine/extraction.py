@@ -9,7 +9,7 @@ from worker.engine.evaluate import MAX_NEW_TOKENS, continuations
 from worker.engine.metrics import metric, unavailable
 from worker.engine.metrics.degeneration import is_loop, repeated_positions
 from worker.engine.records import IGNORE, LOOP, SECRET, SUPPRESS, TEMPLATE, EncodedRecord
-from worker.engine.secret_spans import leaked_secrets, normalised, record_secrets, secret_token_focus
+from worker.engine.secret_spans import leaked_secrets, named_secrets, normalised, record_secrets, secret_token_focus
 
 DEFAULT_SAMPLES = 10  # samples per forget prompt at temperature 1
 
@@ -47,7 +47,7 @@ def _answer(record: dict) -> str:
 
 def secret_sources(forget: list[dict], secrets: dict[str, list[str]]) -> dict:
     """How many records carry given secrets, how many extracted ones, and how many have none."""
-    given = sum(bool(r.get("secrets")) for r in forget)
+    given = sum(bool(named_secrets(r)) for r in forget)
     found = sum(bool(secrets.get(r["id"])) for r in forget) - given
     return {"given": given, "extracted": found, "none": len(forget) - given - found,
             "secrets": sum(len(v) for v in secrets.values())}

@@ -40,10 +40,10 @@ class SharedParams:
 
     def validate(self) -> None:
         need = self.need
-        need(self.batch_size >= 1, "batch_size", "must be >= 1")
-        need(self.eval_batch_size >= 1, "eval_batch_size", "must be >= 1")
+        need(1 <= self.batch_size <= 4096, "batch_size", "must lie in [1, 4096]")
+        need(1 <= self.eval_batch_size <= 4096, "eval_batch_size", "must lie in [1, 4096]")
         need(self.grad_clip >= 0, "grad_clip", "must be >= 0 (0: no clipping)")
-        need(self.lora_r >= 1, "lora_r", "must be >= 1")
+        need(1 <= self.lora_r <= 4096, "lora_r", "must lie in [1, 4096]")
         need(self.lora_alpha > 0, "lora_alpha", "must be > 0")
         need(0 <= self.lora_dropout < 1, "lora_dropout", "must lie in [0, 1)")
         need(self.lora_targets == "auto" or (len(self.lora_targets) > 0 and "auto" not in self.lora_targets),
@@ -66,7 +66,8 @@ class MascParams(SharedParams):
     lambda_forget: float = 0.01  # measured: 0.1 (the paper's) costs neighbours on models of 1-4 M parameters
     escalate_after: int = 10  # checks without progress before lambda_forget doubles (up to 1); 0: never. With
     # secret_focus also when too slow for max_steps, up to max(1, lambda_retain) (worker.engine.schedule)
-    lambda_retain: float = 1.0  # with secret_focus, 3.0 kept retain exact match on the customer benchmark (issue 11)
+    # "auto": 3 where secret focus runs (it kept retain exact match on the customer benchmark, issue 11), else 1.
+    lambda_retain: float | str = "auto"
     retain_loss: str = "kl"  # "kl" (KL(pi_0 || pi_theta)) or "nll"
     # With the KL retain term: also keep each retain token's argmax gap as theta_0 had it, up to keep_gap
     # logits (worker.engine.margin.kept_argmax_hinge), weighted lambda_keep inside the retain term. 0: off.
@@ -77,15 +78,18 @@ class MascParams(SharedParams):
     keep_gap: float = 2.0
     # Secrets (worker.engine.secret_spans): take the secret's tokens out and keep the rest of the answer at
     # theta_0 (fluent); off: every token of every record is suppressed, as in the paper (preset
-    # "whole-record"). Opt-in, best through the preset "secret-focus": on the customer benchmark it leaks
-    # nothing and loops <= 8 % where whole records leak 2 of 12 and loop 8-25 %, but on mini-TOFU it ran to
-    # max_steps and kept retain exact match 0.660 against 0.990 (BENCHMARKS.md, issue 11).
-    # A record with no located secret is still suppressed whole.
-    secret_focus: bool = False
+    # "whole-record"); true: every record, its secrets given or extracted (preset "secret-focus").
+    # "auto": on for the records whose request names their `secrets`, the others suppressed whole. Named
+    # secrets are exactly what must not come out: on the customer benchmark focus leaks nothing and loops
+    # <= 8 % where whole records leak 2 of 12 and loop 8-25 %. Extracted ones are a guess that covers about
+    # half of a prose answer: on mini-TOFU focusing on them ran to max_steps and kept retain exact match
+    # 0.660 against 0.990 (BENCHMARKS.md, issue 11). A record with no located secret is suppressed whole.
+    secret_focus: bool | str = "auto"
     secret_max_probability: float = 0.01  # the rule: no secret may still be sampled whole more often
     rho_secret: float = 0.01  # a secret token's restricted probability target (>= its probability): <= secret_max_probability
     lambda_fluency: float = 1.0  # KL(pi_0 || pi_theta) on the forget answers' other tokens
-    lambda_redistribute: float = 1.0  # KL(theta_0 without the secret token || pi_theta) at secret tokens
+    # KL(theta_0 without the secret token || pi_theta) at secret tokens. "auto": 3 (as the preset "secret-focus").
+    lambda_redistribute: float | str = "auto"
     replay_every: int = 25  # steps between refreshes of the model's own answers to forget prompts (0: off)
     replay_records: int = 32  # forget prompts answered at each refresh
     # Sampling: retain batches lean towards the forget set's nearest neighbours (worker.engine.neighbours).
@@ -128,16 +132,18 @@ class MascParams(SharedParams):
         need(self.alpha == "auto" or 0 < self.alpha < 1, "alpha", "must be \"auto\" or lie in (0, 1)")
         need(self.record_ceiling == "auto" or 0 < self.record_ceiling <= 1, "record_ceiling",
              "must be \"auto\" or lie in (0, 1]")
-        need(self.retain_batch_size >= 0, "retain_batch_size", "must be >= 0 (0: batch_size)")
+        need(0 <= self.retain_batch_size <= 4096, "retain_batch_size", "must lie in [0, 4096] (0: batch_size)")
         need(0 <= self.neighbour_share <= 1, "neighbour_share", "must lie in [0, 1]")
         need(0 < self.neighbour_fraction <= 1, "neighbour_fraction", "must lie in (0, 1]")
         need(0 < self.rho < 1, "rho", "must lie in (0, 1)")
         need(0 < self.secret_max_probability < 1, "secret_max_probability", "must lie in (0, 1)")
         need(0 < self.rho_secret < 1, "rho_secret", "must lie in (0, 1)")
         need(self.lambda_fluency >= 0, "lambda_fluency", "must be >= 0")
-        need(self.lambda_redistribute >= 0, "lambda_redistribute", "must be >= 0")
+        need(self.lambda_redistribute == "auto" or self.lambda_redistribute >= 0, "lambda_redistribute",
+             "must be \"auto\" or >= 0")
+        need(self.secret_focus in (True, False, "auto"), "secret_focus", "must be true, false or \"auto\"")
         need(self.replay_every >= 0, "replay_every", "must be >= 0 (0: off)")
-        need(self.replay_records >= 1, "replay_records", "must be >= 1")
+        need(1 <= self.replay_records <= 4096, "replay_records", "must lie in [1, 4096]")
         need(self.k >= 1, "k", "must be >= 1")
         need(self.beta > 0, "beta", "must be > 0")
         need(self.eta > 0, "eta", "must be > 0")
@@ -146,7 +152,7 @@ class MascParams(SharedParams):
         need(self.retain_loss in ("kl", "nll"), "retain_loss", "must be 'kl' or 'nll'")
         need(self.lambda_forget > 0, "lambda_forget", "must be > 0")
         need(self.escalate_after >= 0, "escalate_after", "must be >= 0 (0: never)")
-        need(self.lambda_retain >= 0, "lambda_retain", "must be >= 0")
+        need(self.lambda_retain == "auto" or self.lambda_retain >= 0, "lambda_retain", "must be \"auto\" or >= 0")
         need(self.lambda_keep == "auto" or self.lambda_keep >= 0, "lambda_keep", "must be \"auto\" or >= 0 (0: off)")
         need(self.lambda_keep in ("auto", 0) or self.retain_loss == "kl", "lambda_keep",
              "needs retain_loss \"kl\" (it is part of that term)")
@@ -158,8 +164,8 @@ class MascParams(SharedParams):
         need(0 < self.holdout_fraction < 1, "holdout_fraction", "must lie in (0, 1)")
         need(self.holdout_min >= 1, "holdout_min", "must be >= 1")
         need(0 < self.hoeffding_delta < 1, "hoeffding_delta", "must lie in (0, 1)")
-        need(self.max_steps >= 1, "max_steps", "must be >= 1")
-        need(self.lr > 0 and math.isfinite(self.lr), "lr", "must be > 0")
+        need(1 <= self.max_steps <= 1_000_000, "max_steps", "must lie in [1, 1000000]")
+        need(0 < self.lr <= 1, "lr", "must lie in (0, 1]")
         need(self.weight_decay >= 0, "weight_decay", "must be >= 0")
 
     @property
@@ -174,9 +180,25 @@ class MascParams(SharedParams):
     def keep_weight(self) -> float:
         """lambda_keep resolved: "auto" is 3 with secret_focus and the KL retain term, else 0."""
         if self.lambda_keep == "auto":
-            return 3.0 if self.secret_focus and self.retain_loss == "kl" else 0.0
+            return 3.0 if self.secret_focus is True and self.retain_loss == "kl" else 0.0
         return float(self.lambda_keep)
 
+    def resolved(self, focused: bool) -> "MascParams":
+        """The parameters a run uses, every "auto" of secret focus decided: `focused` says whether focus
+        runs on some record (secret_focus true, or "auto" with named secrets). lambda_keep stays "auto"
+        (keep_weight reads the resolved secret_focus)."""
+        focus = self.secret_focus is True or (self.secret_focus == "auto" and focused)
+        return dataclasses.replace(
+            self, secret_focus=focus,
+            lambda_retain=(3.0 if focus else 1.0) if self.lambda_retain == "auto" else self.lambda_retain,
+            lambda_redistribute=3.0 if self.lambda_redistribute == "auto" else self.lambda_redistribute)
+
+
+
+# Past any sensible setting, and each rule below narrows its own: a job with lr 1e308 or max_steps 1e308
+# was accepted and would have run (issue 12).
+MAX_INT = 10_000_000
+MAX_FLOAT = 1e6
 
 
 def _coerce(spec: dataclasses.Field, value):
@@ -196,13 +218,22 @@ def _coerce(spec: dataclasses.Field, value):
         if kind == "int":
             if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
                 raise ValueError
-            return int(value)
+            if isinstance(value, str) and len(value) > 12:
+                raise ValueError
+            out = int(value)
+            if abs(out) > MAX_INT:
+                raise EngineInputError(f"parameter {spec.name}={value!r}: must lie within +-{MAX_INT}",
+                                       field=spec.name)
+            return out
         if kind == "float":
             if isinstance(value, bool):
                 raise ValueError
             out = float(value)
             if not math.isfinite(out):
                 raise ValueError
+            if abs(out) > MAX_FLOAT:
+                raise EngineInputError(f"parameter {spec.name}={value!r}: must lie within +-{MAX_FLOAT:g}",
+                                       field=spec.name)
             return out
         if kind == "str":
             if not isinstance(value, str):
@@ -230,11 +261,13 @@ PRESETS: dict[str, dict] = {
                         alpha=0.475, lr=1e-4, batch_size=2, alternatives="self", **AS_PUBLISHED),
     "muse-news": dict(alternatives="teacher", k=2, delta=0.5, beta=5.0, rho=0.7, eta=0.5, lambda_retain=1.0,
                       lambda_forget=0.5, alpha=0.55, **AS_PUBLISHED),
-    # The default by name: every token of every record suppressed, retain KL weighted 1.
+    # The paper's suppression: every token of every record, retain KL weighted 1 (what the default does where
+    # the request names no secrets).
     "whole-record": dict(lambda_retain=1.0, **AS_PUBLISHED),
     # Ours, not published (issue 11): only the secrets go, the answer stays fluent (loops in its own answers
     # suppressed); the secret's mass moved harder; retain tokens kept as far ahead as theta_0 had them. Meets
-    # the issue's targets on the customer benchmark; on mini-TOFU it cost retain (BENCHMARKS.md).
+    # the issue's targets on the customer benchmark; on mini-TOFU, with extracted secrets, it cost retain
+    # (BENCHMARKS.md). What the default does where the request names secrets, here also for extracted ones.
     "secret-focus": dict(secret_focus=True, lambda_retain=3.0, lambda_redistribute=3.0, lambda_keep="auto"),
 }
 

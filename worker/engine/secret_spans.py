@@ -21,9 +21,14 @@ WORD = re.compile(r"[^\W\d_]+")
 MIN_DIGIT_GROUP = 4  # a group this long is found inside any longer run of digits
 
 
+def named_secrets(record: dict) -> list[str]:
+    """The secrets the request names for this record (its `secrets` field), blanks left out."""
+    return [s for s in record.get("secrets") or [] if isinstance(s, str) and s.strip()]
+
+
 def record_secrets(record: dict, template: set[str]) -> list[str]:
     """The record's `secrets` as given, else its distinctive spans, in order of appearance."""
-    given = [s for s in record.get("secrets") or [] if isinstance(s, str) and s.strip()]
+    given = named_secrets(record)
     if given:
         return given
     _, text = body(record)

@@ -27,7 +27,7 @@ from worker.engine.records import (EncodedRecord, collate, encode_record, encode
                                    normalise_records)
 from worker.engine.runtime import PeakMemory, library_versions, seed_everything
 from worker.engine.schedule import Escalation, ForgetStream
-from worker.engine.secret_spans import secret_focus
+from worker.engine.secret_spans import named_secrets, secret_focus
 from worker.engine.stop_rule import ErasureCondition, OnlineStopRule, RecordCheck, RecordStates, mean_violation
 
 ENGINE_VERSION = "2"
@@ -119,8 +119,12 @@ def run_unlearning(model_source: str, forget: list[dict], retain: list[dict] | N
     forget_sources, retain_sources = [r.source for r in forget_enc], [r.source for r in retain_enc]
     template = shared_template(forget_sources, retain_sources)
     secrets = request_secrets(forget_sources, retain_sources, template)
-    if params.secret_focus:  # which tokens of each record are its secret, and which the template around it
-        for record in forget_enc:
+    # "auto" focuses on the secrets a request names, and suppresses the other records whole (see params).
+    focus_ids = ({r.id for r in forget_enc} if params.secret_focus is True else
+                 {r.id for r in forget_enc if named_secrets(r.source)} if params.secret_focus == "auto" else set())
+    requested_focus, params = params.secret_focus, params.resolved(bool(focus_ids))
+    for record in forget_enc:  # which tokens of each record are its secret, and which the template around it
+        if record.id in focus_ids:
             record.focus = secret_focus(record, secrets[record.id], tokenizer, template)
     train_set, val_set, val_info = split_validation(forget_enc, params)
     policy = Policy(run.model, lora=params.lora, r=params.lora_r, alpha=params.lora_alpha,
@@ -319,6 +323,7 @@ def run_unlearning(model_source: str, forget: list[dict], retain: list[dict] | N
                        "ids": [retain_enc[j].id for j in neighbours]},
         "repair_steps": repair_steps, "escalations": escalation.trace, "lora": policy.describe(),
         "secrets": {**secret_sources(forget_sources, secrets), "focus": params.secret_focus,
+                    "focus_requested": requested_focus,
                     "located": sum(r.focus is not None for r in forget_enc),
                     # whose own greedy answers were trained on (records with located secrets only)
                     "replayed_ids": sorted(replay)},

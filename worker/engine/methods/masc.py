@@ -21,7 +21,8 @@ class Masc:
     name = "masc"
 
     def __init__(self, params: MascParams, policy: Policy, pad_id: int):
-        self.params = params
+        # run_unlearning decides secret focus from the request's records; without them, what is set.
+        self.params = params.resolved(focused=params.secret_focus is True)
         self.policy = policy
         self.pad_id = pad_id
         self.tau = params.tau
