@@ -95,7 +95,7 @@ def post_to_running(stack: Stack, model: dict, forget: list[dict], runs: int = 8
     """Server timestamps: created_at (the POST's insert) to started_at (the worker's lease)."""
     seconds = []
     for i in range(runs):
-        job = stack.client.post("/v1/unlearning-jobs", json={"model_id": model["id"], "version": 1,
+        job = stack.client.post("/v1/unlearning-jobs", json={"model_id": model["id"],
                                                              "request_id": f"latency-{i}", "forget": forget,
                                                              "params": {"max_steps": 2}}).json()
         while job["state"] not in ("SUCCEEDED", "FAILED", "CANCELLED"):

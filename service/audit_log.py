@@ -1,10 +1,20 @@
 """The audit log (SPEC section 9): append-only and hash-chained. Each entry's hash covers the previous
 entry's hash and its own content, so an edited, inserted or deleted row breaks the chain at that point,
-and `verify` names the first broken link."""
+and `verify` names the first broken link.
+
+A chain alone cannot show that its last entries were cut off, or that someone with the database rewrote
+it whole and recomputed every hash. So the head is anchored outside the table (issue 12): a checkpoint
+(seq, hash) signed with HMAC-SHA256 under a key the database does not hold (LETHE_AUDIT_KEY, or a key
+file beside the embedded database), handed out with each report and on request. `verify` with the
+checkpoints a client kept fails when an entry they name is gone or has another hash."""
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
+import os
+import secrets
+from pathlib import Path
 
 from sqlalchemy import select, text
 from sqlalchemy.orm import Session
@@ -39,9 +49,35 @@ def append(session: Session, tenant: str, kind: str, subject: str, data: dict | 
     return entry
 
 
-def verify(session: Session) -> dict:
-    """Walk the whole chain in order; the first entry whose link or content does not check is named."""
-    prev, count = GENESIS, 0
+def signing_key(settings) -> bytes:
+    """LETHE_AUDIT_KEY, else the key file (created with a random key, readable by this user only)."""
+    if settings.audit_key:
+        return settings.audit_key.encode()
+    path = Path(settings.audit_key_file)
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(descriptor, "w") as handle:
+            handle.write(secrets.token_hex(32))
+    return path.read_text().strip().encode()
+
+
+def sign(key: bytes, seq: int, head: str) -> str:
+    return hmac.new(key, f"lethe-audit:{seq}:{head}".encode(), hashlib.sha256).hexdigest()
+
+
+def checkpoint(session: Session, key: bytes) -> dict:
+    """The chain's head now, signed: {"seq", "hash", "signature"} (seq 0 and the genesis hash when empty)."""
+    last = session.scalar(select(AuditEntry).order_by(AuditEntry.seq.desc()).limit(1))
+    seq, head = (last.seq, last.hash) if last else (0, GENESIS)
+    return {"seq": seq, "hash": head, "signature": sign(key, seq, head)}
+
+
+def verify(session: Session, key: bytes | None = None, checkpoints: list[dict] = (), tenant: str | None = None) -> dict:
+    """Walk the whole chain in order; the first entry whose link or content does not check is named; then
+    every checkpoint given must carry our signature and name an entry that is still there with that hash.
+    `tenant`: count that tenant's entries only (the walk still covers every link)."""
+    prev, count, hashes, wanted = GENESIS, 0, {}, {int(c["seq"]) for c in checkpoints}
     for entry in session.scalars(select(AuditEntry).order_by(AuditEntry.seq)).yield_per(1000):
         if entry.prev_hash != prev:
             return {"ok": False, "entries": count, "broken_at": entry.seq,
@@ -49,5 +85,18 @@ def verify(session: Session) -> dict:
         if entry_hash(prev, _stamp(entry), entry.tenant, entry.kind, entry.subject, entry.data) != entry.hash:
             return {"ok": False, "entries": count, "broken_at": entry.seq,
                     "reason": "the entry's content does not match its hash (the row was edited)"}
-        prev, count = entry.hash, count + 1
-    return {"ok": True, "entries": count, "broken_at": None, "head": prev}
+        if entry.seq in wanted:
+            hashes[entry.seq] = entry.hash
+        prev, count = entry.hash, count + (tenant is None or entry.tenant == tenant)
+    for given in checkpoints:
+        seq, head = int(given["seq"]), str(given["hash"])
+        if key is None or not hmac.compare_digest(sign(key, seq, head), str(given.get("signature", ""))):
+            return {"ok": False, "entries": count, "broken_at": seq,
+                    "reason": "a checkpoint's signature is not this service's (forged or altered)"}
+        if seq and seq not in hashes:
+            return {"ok": False, "entries": count, "broken_at": seq,
+                    "reason": "the entry a signed checkpoint names is gone (the chain was cut back)"}
+        if seq and hashes[seq] != head:
+            return {"ok": False, "entries": count, "broken_at": seq,
+                    "reason": "the entry a signed checkpoint names has another hash (the chain was rewritten)"}
+    return {"ok": True, "entries": count, "broken_at": None, "checkpoints_checked": len(checkpoints)}

@@ -13,10 +13,10 @@ from sqlalchemy.orm import Session
 
 from service import audit_log
 from service.db import session_scope
-from service.models import ApiKey
+from service.models import ApiKey, utcnow
 from service.problems import Problem
 
-SCOPES = ("jobs:write", "jobs:read", "models:write", "artifacts:read", "admin")
+SCOPES = ("jobs:write", "jobs:read", "models:write", "artifacts:read", "metrics:read", "admin")
 
 
 @dataclass(frozen=True)
@@ -34,26 +34,47 @@ def new_secret() -> str:
     return "lth_" + secrets.token_urlsafe(32)
 
 
-def create_key(session: Session, tenant: str, scopes: list[str], name: str = "", secret: str | None = None):
-    """Store a key (hashed); the secret is returned once and never kept."""
+def create_key(session: Session, tenant: str, scopes: list[str], name: str = "", secret: str | None = None,
+               by: str | None = None):
+    """Store a key (hashed); the secret is returned once and never kept. `by`: the key that minted it."""
     secret = secret or new_secret()
     key = ApiKey(tenant=tenant, name=name, key_hash=hash_key(secret), scopes=sorted(set(scopes)))
     session.add(key)
     session.flush()
-    audit_log.append(session, tenant, "key.created", key.id, {"name": name, "scopes": key.scopes})
+    audit_log.append(session, tenant, "key.created", key.id, {"name": name, "scopes": key.scopes, "by": by})
     return key, secret
 
 
+ADMIN_KEY_NAME = "admin (LETHE_ADMIN_KEY)"
+
+
 def ensure_admin_key(session: Session, secret: str, tenant: str) -> None:
-    """LETHE_ADMIN_KEY: the first admin key, created once."""
-    if session.scalar(select(ApiKey).where(ApiKey.key_hash == hash_key(secret))) is None:
-        create_key(session, tenant, list(SCOPES), name="admin (LETHE_ADMIN_KEY)", secret=secret)
+    """LETHE_ADMIN_KEY: the operator's key, created once. Rotating the variable revokes the key it held
+    before: only the current one works."""
+    digest = hash_key(secret)
+    for old in session.scalars(select(ApiKey).where(ApiKey.name == ADMIN_KEY_NAME, ApiKey.key_hash != digest,
+                                                    ApiKey.revoked_at.is_(None))):
+        old.revoked_at = utcnow()
+        audit_log.append(session, old.tenant, "key.revoked", old.id, {"by": "LETHE_ADMIN_KEY rotated"})
+        forget_cached(old.key_hash)
+    current = session.scalar(select(ApiKey).where(ApiKey.key_hash == digest))
+    if current is None:
+        create_key(session, tenant, list(SCOPES), name=ADMIN_KEY_NAME, secret=secret, by="LETHE_ADMIN_KEY")
+    elif current.revoked_at is not None and current.name == ADMIN_KEY_NAME:  # the operator rotated back to it
+        current.revoked_at = None
+        audit_log.append(session, current.tenant, "key.restored", current.id, {"by": "LETHE_ADMIN_KEY"})
+        forget_cached(digest)
 
 
 # Key hash -> (expiry, principal or None). Saves a query per request; a revoked key stops working
 # within KEY_CACHE_SECONDS.
 KEY_CACHE_SECONDS = 5.0
 _key_cache: dict[str, tuple[float, Principal | None]] = {}
+
+
+def forget_cached(key_hash: str) -> None:
+    """Drop a key from this process's cache (a revocation here takes effect at once)."""
+    _key_cache.pop(key_hash, None)
 
 
 def lookup(secret: str) -> Principal | None:

@@ -18,18 +18,26 @@ BASE = os.environ.get("LETHE_URL", "http://127.0.0.1:8000")
 
 
 def main() -> int:
-    key = os.environ.get("LETHE_ADMIN_KEY") or Path(".lethe/admin_key").read_text().strip()
+    key_file = Path(".lethe/admin_key")
+    key = os.environ.get("LETHE_ADMIN_KEY") or (key_file.read_text().strip() if key_file.exists() else "")
+    if not key:
+        print("no admin key: `make run` writes one to .lethe/admin_key unless LETHE_ADMIN_KEY was set when it "
+              "started; then set the same LETHE_ADMIN_KEY here (run this from the folder of `make run`)",
+              file=sys.stderr)
+        return 2
     forget = json.loads(Path(".lethe/demo/forget.json").read_text())
     client = httpx.Client(base_url=BASE, headers={"Authorization": f"Bearer {key}"}, timeout=60)
     demo = next(m for m in client.get("/v1/models").raise_for_status().json()["items"] if m["name"] == "demo")
     request_id = f"demo-{int(time.time())}"
     answer = client.post("/v1/unlearning-jobs", headers={"Idempotency-Key": request_id},
-                         json={"model_id": demo["id"], "version": 1, "request_id": request_id, "forget": forget})
+                         json={"model_id": demo["id"], "request_id": request_id, "forget": forget})
     if answer.status_code != 202:
         print(f"submit failed: {answer.status_code} {answer.text}", file=sys.stderr)
         return 1
     job = answer.json()
-    print(f"submitted {job['id']} (request {request_id}): forget {job['forget']['count']} records of model demo v1")
+    # No version named: the job starts from the head, the version that holds every erasure so far.
+    print(f"submitted {job['id']} (request {request_id}): forget {job['forget']['count']} records of model demo "
+          f"(from v{job['base_version']})")
     while job["state"] not in ("SUCCEEDED", "FAILED", "CANCELLED"):
         time.sleep(1)
         job = client.get(f"/v1/unlearning-jobs/{job['id']}").json()

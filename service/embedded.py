@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 HOST, PORT = os.environ.get("LETHE_HOST", "127.0.0.1"), int(os.environ.get("LETHE_PORT", "8000"))
@@ -44,7 +45,8 @@ def demo_model(settings) -> str:
 
     from service.db import session_scope
     from service.models import Model, new_id
-    from service.registry import add_version, copy_source
+    from service.registry import add_version
+    from service.sources import copy_source
     from service.store import ArtifactStore
     from worker.engine.fixture import FixtureConfig, build_fixture
     from worker.engine.recordset import normalise_records
@@ -88,9 +90,10 @@ def main() -> int:
     get_settings.cache_clear()
     settings = get_settings()
     model_id = demo_model(settings)
-    worker = subprocess.Popen([sys.executable, "-m", "celery", "-A", "worker.celery_app", "worker", "-Q", settings.queue,
-                               "-c", "1", "--pool", "prefork", "-n", "embedded@%h", "--loglevel", "INFO"],
-                              env=os.environ.copy(), start_new_session=True)
+    from service.api import ops
+
+    supervisor = ops.worker_supervisor = WorkerSupervisor(settings.queue)
+    worker = supervisor.process
     print(f"""
 Lethe is serving on http://{HOST}:{PORT} (docs: http://{HOST}:{PORT}/docs), worker pid {worker.pid}.
 Admin key: {key}
@@ -109,18 +112,53 @@ Demo model: {model_id}
     try:
         import uvicorn
 
+        supervisor.start()
         uvicorn.run("service.main:app", host=HOST, port=PORT, log_level="info")
     finally:
-        stop_worker(worker)
+        supervisor.stop()
     return 0
+
+
+class WorkerSupervisor(threading.Thread):
+    """Keeps one worker process alive: a worker that died (killed, out of memory) is started again, and its
+    job's lease lets the new one take the job over."""
+
+    def __init__(self, queue: str):
+        super().__init__(name="lethe-worker-supervisor", daemon=True)
+        self.queue, self.stopping, self.restarts, self.lock = queue, threading.Event(), 0, threading.Lock()
+        self.process = self._start()
+
+    def _start(self) -> subprocess.Popen:
+        return subprocess.Popen([sys.executable, "-m", "celery", "-A", "worker.celery_app", "worker", "-Q", self.queue,
+                                 "-c", "1", "--pool", "prefork", "-n", "embedded@%h", "--loglevel", "INFO"],
+                                env=os.environ.copy(), start_new_session=True)
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def run(self) -> None:
+        while not self.stopping.wait(1.0):
+            with self.lock:  # never start one while stop() runs: it would outlive the service
+                if not self.alive() and not self.stopping.is_set():
+                    code = self.process.returncode
+                    self.restarts += 1
+                    self.process = self._start()
+                    print(f"the worker exited ({code}); restarted, worker pid {self.process.pid}", flush=True)
+
+    def stop(self) -> None:
+        with self.lock:
+            self.stopping.set()
+            stop_worker(self.process)
 
 
 def stop_worker(worker: subprocess.Popen, grace: float = 10.0) -> None:
     """Warm shutdown first; a job still running after the grace period is killed, and its lease lets
     the next start take it over."""
-    os.killpg(worker.pid, signal.SIGTERM)
     try:
+        os.killpg(worker.pid, signal.SIGTERM)
         worker.wait(timeout=grace)
+    except ProcessLookupError:  # already gone
+        worker.wait()
     except subprocess.TimeoutExpired:
         os.killpg(worker.pid, signal.SIGKILL)
         worker.wait()

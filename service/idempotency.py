@@ -29,19 +29,19 @@ def idempotent(session: Session, who: Principal, request: Request, key: str | No
         previous = session.get(IdempotencyRecord, (who.tenant, key))
         if previous is not None:
             return _replay(previous, endpoint, digest)
-    status, payload, location = create()
-    payload = jsonable_encoder(payload)
-    if key is not None:
-        session.add(IdempotencyRecord(tenant=who.tenant, key=key, endpoint=endpoint, body_sha256=digest,
-                                      status_code=status, response=payload, location=location))
     try:
+        status, payload, location = create()
+        payload = jsonable_encoder(payload)
+        if key is not None:
+            session.add(IdempotencyRecord(tenant=who.tenant, key=key, endpoint=endpoint, body_sha256=digest,
+                                          status_code=status, response=payload, location=location))
         session.commit()
-    except IntegrityError:
+    except IntegrityError:  # a concurrent twin (same key, or the same unique name) committed first
         session.rollback()
         previous = session.get(IdempotencyRecord, (who.tenant, key)) if key is not None else None
         if previous is None:
             raise Problem(409, "conflict", "Conflict", "the resource conflicts with an existing one") from None
-        return _replay(previous, endpoint, digest)  # a concurrent twin won the race
+        return _replay(previous, endpoint, digest)
     if after_commit is not None:
         after_commit(payload)
     return _answer(status, payload, location)

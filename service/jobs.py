@@ -6,7 +6,7 @@ import hashlib
 import json
 from datetime import datetime, timedelta
 
-from sqlalchemy import and_, or_, select, update
+from sqlalchemy import and_, func, or_, select, update
 from sqlalchemy.orm import Session, object_session
 
 from service import audit_log
@@ -15,8 +15,9 @@ from service.problems import Problem, not_found
 
 
 def canonical_sha256(value) -> str:
+    # surrogatepass: a lone surrogate in a body still hashes (and is then refused by the record checks)
     return hashlib.sha256(json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-                          .encode()).hexdigest()
+                          .encode("utf-8", "surrogatepass")).hexdigest()
 
 
 def forget_evidence(records: list[dict]) -> dict:
@@ -26,6 +27,27 @@ def forget_evidence(records: list[dict]) -> dict:
                **({"secrets_sha256": [canonical_sha256(x) for x in r["secrets"]]} if r.get("secrets") else {})}
               for r in records]
     return {"count": len(records), "records": hashes, "manifest_sha256": canonical_sha256(hashes)}
+
+
+def check_quota(session: Session, tenant: str, settings) -> None:
+    """429 when the tenant already has max_active_jobs jobs not ended, or its jobs ran more worker seconds
+    than max_worker_seconds_per_day over the last 24 hours."""
+    active = session.scalar(select(func.count()).select_from(Job).where(Job.tenant == tenant,
+                                                                       Job.state.not_in(TERMINAL)))
+    if active >= settings.max_active_jobs:
+        raise Problem(429, "quota-exceeded", "Quota exceeded",
+                      f"this tenant has {active} jobs not ended, the most it may have (LETHE_MAX_ACTIVE_JOBS)",
+                      headers={"Retry-After": "60"})
+    if settings.max_worker_seconds_per_day > 0:
+        since = utcnow() - timedelta(days=1)
+        rows = session.execute(select(Job.started_at, Job.ended_at).where(
+            Job.tenant == tenant, Job.started_at.is_not(None), or_(Job.ended_at.is_(None), Job.ended_at > since))).all()
+        now = utcnow()
+        used = sum(((end or now) - max(start, since)).total_seconds() for start, end in rows)
+        if used >= settings.max_worker_seconds_per_day:
+            raise Problem(429, "quota-exceeded", "Quota exceeded",
+                          f"this tenant's jobs used {used:.0f} worker seconds in the last 24 hours, the most it may "
+                          "(LETHE_MAX_WORKER_SECONDS_PER_DAY)", headers={"Retry-After": "3600"})
 
 
 def get_job(session: Session, tenant: str, job_id: str) -> Job:
@@ -47,15 +69,33 @@ def job_view(job: Job) -> dict:
     }
 
 
-def end_job(job: Job, state: str, *, error: dict | None = None, result: dict | None = None) -> None:
-    """A terminal state: the raw forget records go, their evidence stays."""
-    job.state, job.ended_at = state, utcnow()
-    job.forget_records = None
-    job.lease_owner, job.lease_expires_at = None, None
+class StateChanged(Exception):
+    """A job's state moved under us (a cancel, a sweeper, another worker): the transition did not happen."""
+
+
+def transition(job: Job, expected: tuple[str, ...], conditions: tuple = (), **values) -> None:
+    """Compare-and-set: write `values` only while the job is still in one of the `expected` states (its
+    own pending changes are flushed first and go or stay with the transaction). Raises StateChanged
+    otherwise, so that the caller's transaction rolls back instead of overwriting a newer state."""
+    session = object_session(job)
+    session.flush()
+    done = session.execute(update(Job).where(Job.id == job.id, Job.state.in_(expected), *conditions)
+                           .values(**values, updated_at=utcnow()).execution_options(synchronize_session=False))
+    session.refresh(job)
+    if not done.rowcount:
+        raise StateChanged(f"job {job.id} is {job.state}, not {' or '.join(expected)}")
+
+
+def end_job(job: Job, state: str, *, error: dict | None = None, result: dict | None = None,
+            expected: tuple[str, ...] | None = None, conditions: tuple = ()) -> None:
+    """A terminal state, from `expected` (default: the state the job was read in): the raw forget records
+    go, their evidence stays."""
+    values = dict(state=state, ended_at=utcnow(), forget_records=None, lease_owner=None, lease_expires_at=None)
     if error is not None:
-        job.error = error
+        values["error"] = error
     if result is not None:
-        job.result = result
+        values["result"] = result
+    transition(job, expected or (job.state,), conditions, **values)
     log_state(job, {"error": error["detail"]} if error else {"result": result})
 
 
@@ -66,16 +106,24 @@ def log_state(job: Job, data: dict | None = None) -> None:
 
 
 def request_cancel(session: Session, job: Job) -> Job:
-    if job.state in TERMINAL:
-        raise Problem(409, "job-terminal", "Job already ended", f"job {job.id} is {job.state}")
-    job.cancel_requested = True
-    if job.state == "QUEUED":
-        end_job(job, "CANCELLED", result={"model_version": None, "stop_reason": "cancelled", "steps": 0,
-                                           "wall_seconds": 0.0})
-    elif job.state == "RUNNING":
-        job.state = "CANCELLING"
-        log_state(job)
-    return job
+    """QUEUED ends CANCELLED here; RUNNING becomes CANCELLING (its worker stops at the next heartbeat).
+    Each step is compare-and-set: a job that ends meanwhile answers 409, never turns back."""
+    for _ in range(3):  # the state may move between the read and the write; read again
+        if job.state in TERMINAL:
+            raise Problem(409, "job-terminal", "Job already ended", f"job {job.id} is {job.state}")
+        try:
+            if job.state == "QUEUED":
+                end_job(job, "CANCELLED", expected=("QUEUED",), result={
+                    "model_version": None, "stop_reason": "cancelled", "steps": 0, "wall_seconds": 0.0})
+            else:
+                was = job.state
+                transition(job, (was,), state="CANCELLING", cancel_requested=True)
+                if was != "CANCELLING":
+                    log_state(job)
+            return job
+        except StateChanged:
+            continue
+    raise Problem(409, "conflict", "Conflict", f"job {job.id} changed state while being cancelled; try again")
 
 
 # --- the lease, used by the worker ---------------------------------------------------------------
@@ -103,14 +151,20 @@ def acquire_lease(session: Session, job_id: str, owner: str, lease_seconds: floa
 
 
 def fail_exhausted(session: Session, job_id: str) -> bool:
-    """A job whose workers died max_attempts times ends FAILED with the reason."""
+    """A job whose workers died max_attempts times ends FAILED with the reason (compare-and-set: a job that
+    a worker finishes meanwhile stays SUCCEEDED)."""
     job = session.get(Job, job_id)
     if job is None or job.state in TERMINAL or job.attempt < job.max_attempts:
         return False
     if job.state in ("RUNNING", "CANCELLING") and job.lease_expires_at and job.lease_expires_at >= utcnow():
         return False
-    end_job(job, "FAILED", error={"type": "https://lethe.dev/problems/worker-lost", "title": "Worker lost",
-                                  "status": 500, "detail": f"the worker died during each of {job.attempt} attempts"})
+    try:
+        end_job(job, "FAILED", expected=("QUEUED", "RUNNING", "CANCELLING"),
+                conditions=(or_(Job.lease_expires_at.is_(None), Job.lease_expires_at < utcnow()),),
+                error={"type": "https://lethe.dev/problems/worker-lost", "title": "Worker lost", "status": 500,
+                       "detail": f"the worker died during each of {job.attempt} attempts"})
+    except StateChanged:  # finished, or its lease renewed, since it was read
+        return False
     return True
 
 

@@ -9,7 +9,7 @@ from fastapi import FastAPI
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from service import problems
-from service.api import audit, connectivity, jobs, models, ops
+from service.api import audit, connectivity, jobs, keys, models, ops
 from service.auth import ensure_admin_key
 from service.db import session_scope
 from service.problems import Problem, problem_response
@@ -20,7 +20,8 @@ log = logging.getLogger("lethe.api")
 
 
 class BodyLimit:
-    """413 for bodies above LETHE_MAX_BODY_BYTES, by Content-Length or by counting a chunked stream."""
+    """413 for bodies above LETHE_MAX_BODY_BYTES, by Content-Length or by counting a chunked stream. The body
+    is read here, whole, before the app sees it: a limit hit inside the app's JSON parsing came back as 400."""
 
     def __init__(self, app: ASGIApp, limit: int):
         self.app, self.limit = app, limit
@@ -32,17 +33,49 @@ class BodyLimit:
         length = dict(scope["headers"]).get(b"content-length")
         if length is not None and length.isdigit() and int(length) > self.limit:
             return await problem_response(too_large, scope["path"])(scope, receive, send)
-        seen = 0
-
-        async def counted():
-            nonlocal seen
+        chunks, seen = [], 0
+        while True:
             message = await receive()
-            seen += len(message.get("body", b""))
+            if message["type"] != "http.request":  # the client went away
+                return
+            chunks.append(message.get("body", b""))
+            seen += len(chunks[-1])
             if seen > self.limit:
-                raise Problem(413, "payload-too-large", "Payload too large", f"the body exceeds {self.limit} bytes")
-            return message
+                return await problem_response(too_large, scope["path"])(scope, receive, send)
+            if not message.get("more_body", False):
+                break
+        body, delivered = b"".join(chunks), False
 
-        return await self.app(scope, counted, send)
+        async def replay():
+            nonlocal delivered
+            if not delivered:
+                delivered = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        return await self.app(scope, replay, send)
+
+
+class PlainPath:
+    """404 for a path or query that holds control characters or undecodable bytes (%00, %ff): no id has
+    them, and a NUL would reach the database as a server error."""
+
+    def __init__(self, app: ASGIApp):
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send):
+        if scope["type"] == "http":
+            from urllib.parse import unquote_to_bytes
+
+            raw = scope["path"].encode("utf-8", "surrogatepass") + b"?" + unquote_to_bytes(scope.get("query_string", b""))
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                text = "\x00"
+            if any(ord(c) < 32 or 127 <= ord(c) < 160 for c in text):
+                problem = Problem(404, "not-found", "Not found", "no resource has a name with control characters")
+                return await problem_response(problem)(scope, receive, send)
+        return await self.app(scope, receive, send)
 
 
 class Timing:
@@ -90,8 +123,10 @@ def create_app() -> FastAPI:
     app.include_router(jobs.router)
     app.include_router(connectivity.router)
     app.include_router(audit.router)
+    app.include_router(keys.router)
 
     app.add_middleware(BodyLimit, limit=get_settings().max_body_bytes)
+    app.add_middleware(PlainPath)
     app.add_middleware(Timing)
     return app
 

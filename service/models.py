@@ -5,7 +5,7 @@ from __future__ import annotations
 import uuid
 from datetime import datetime, timezone
 
-from sqlalchemy import JSON, Boolean, DateTime, ForeignKey, Integer, String, Text, TypeDecorator, UniqueConstraint
+from sqlalchemy import JSON, Boolean, DateTime, ForeignKey, Integer, String, Text, TypeDecorator, UniqueConstraint, false
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 JOB_STATES = ("QUEUED", "RUNNING", "CANCELLING", "SUCCEEDED", "FAILED", "CANCELLED")
@@ -87,7 +87,10 @@ class Job(Base):
     tenant: Mapped[str] = mapped_column(String(128), index=True)
     kind: Mapped[str] = mapped_column(String(16), default="unlearning", server_default="unlearning")
     model_id: Mapped[str] = mapped_column(ForeignKey("models.id"), index=True)
-    base_version: Mapped[int] = mapped_column(Integer)
+    base_version: Mapped[int] = mapped_column(Integer)  # the head at submission; at start, where follows_head
+    # The request named no version: the job starts from the head as it is when the job starts (the erasures
+    # of jobs that finished meanwhile included), and base_version is set then.
+    follows_head: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
     request_id: Mapped[str] = mapped_column(String(256))
     method: Mapped[str] = mapped_column(String(32))
     preset: Mapped[str | None] = mapped_column(String(64), nullable=True)

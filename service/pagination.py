@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import base64
 import json
-from datetime import datetime
+import re
+from datetime import datetime, timezone
 
 from sqlalchemy import and_, or_
 
@@ -14,10 +15,20 @@ def encode_token(created_at: datetime, item_id: str) -> str:
     return base64.urlsafe_b64encode(json.dumps([created_at.isoformat(), item_id]).encode()).decode()
 
 
+ITEM_ID = re.compile(r"[a-z]{2,16}_[0-9a-f]{32}")  # service.models.new_id
+
+
 def decode_token(token: str) -> tuple[datetime, str]:
+    """The token's (created_at, id), checked to be what encode_token writes: a forged one (a naive time, a
+    number, an id no item has) is refused with 422, never handed to the database."""
     try:
-        stamp, item_id = json.loads(base64.urlsafe_b64decode(token.encode()))
-        return datetime.fromisoformat(stamp), str(item_id)
+        if len(token) > 512:
+            raise ValueError
+        stamp, item_id = json.loads(base64.urlsafe_b64decode(token.encode("ascii")))
+        created_at = datetime.fromisoformat(stamp)
+        if created_at.tzinfo is None or not isinstance(item_id, str) or not ITEM_ID.fullmatch(item_id):
+            raise ValueError
+        return created_at.astimezone(timezone.utc), item_id
     except Exception:
         raise invalid("page_token is not a token this service issued", "page_token") from None
 

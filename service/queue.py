@@ -6,6 +6,7 @@ from functools import lru_cache
 
 from celery import Celery
 
+from service.broker import TRANSPORT
 from service.settings import Settings, get_settings
 
 RUN_JOB = "lethe.run_job"
@@ -17,10 +18,13 @@ def make_celery(settings: Settings) -> Celery:
     if settings.broker_url.startswith("filesystem"):
         # Embedded mode: messages are files in a folder, no Redis needed.
         folder = settings.broker_dir.resolve()
-        for sub in ("queue", "processed"):
+        for sub in ("queue", "processed", "control"):
             (folder / sub).mkdir(parents=True, exist_ok=True)
+        # control_folder: kombu's default is ./control, in whatever folder the process runs from
         transport_options = {"data_folder_in": str(folder / "queue"), "data_folder_out": str(folder / "queue"),
-                             "processed_folder": str(folder / "processed"), "store_processed": False}
+                             "processed_folder": str(folder / "processed"), "store_processed": False,
+                             "control_folder": str(folder / "control")}
+        app.conf.broker_transport = TRANSPORT  # messages taken in the order they were sent (service.broker)
     app.conf.update(
         task_default_queue=settings.queue,
         task_routes={RUN_JOB: {"queue": settings.queue}},
@@ -41,8 +45,8 @@ def get_celery() -> Celery:
     return make_celery(get_settings())
 
 
-def enqueue(job_id: str) -> None:
-    get_celery().send_task(RUN_JOB, args=[job_id], queue=get_settings().queue)
+def enqueue(job_id: str, countdown: float | None = None) -> None:
+    get_celery().send_task(RUN_JOB, args=[job_id], queue=get_settings().queue, countdown=countdown)
 
 
 def queue_depth() -> int | None:

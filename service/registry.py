@@ -1,18 +1,13 @@
 """Models and their immutable versions (SPEC section 7): registration, lookup, lineage."""
 from __future__ import annotations
 
-import tempfile
-from pathlib import Path
-
-import fsspec
-from sqlalchemy import func, select
+from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
 from service import audit_log
 from service.models import Model, ModelVersion
-from service.problems import Problem, invalid, not_found
-from service.settings import Settings
-from service.store import ArtifactStore, manifest_sha256
+from service.problems import not_found
+from service.store import manifest_sha256
 
 
 def get_model(session: Session, tenant: str, model_id: str) -> Model:
@@ -23,15 +18,40 @@ def get_model(session: Session, tenant: str, model_id: str) -> Model:
 
 
 def get_version(session: Session, model: Model, number: int | None) -> ModelVersion:
-    """Version `number`, or the latest READY one."""
-    query = select(ModelVersion).where(ModelVersion.model_id == model.id, ModelVersion.state == "READY")
+    """Version `number`, or the head (see head_version)."""
     if number is None:
-        version = session.scalar(query.order_by(ModelVersion.number.desc()).limit(1))
-    else:
-        version = session.scalar(query.where(ModelVersion.number == number))
+        version = head_version(session, model)
+        if version is None:
+            raise not_found(f"a version of model {model.id!r} that holds every erasure done on it")
+        return version
+    version = session.scalar(select(ModelVersion).where(ModelVersion.model_id == model.id,
+                                                        ModelVersion.state == "READY", ModelVersion.number == number))
     if version is None:
-        raise not_found(f"version {number if number is not None else 'latest'} of model {model.id!r}")
+        raise not_found(f"version {number} of model {model.id!r}")
     return version
+
+
+def erasures_done(session: Session, model_id: str) -> set[str]:
+    """Every request erased on some version of the model."""
+    rows = session.scalars(select(ModelVersion.erased_request_ids).where(ModelVersion.model_id == model_id)).all()
+    return {rid for erased in rows for rid in erased or []}
+
+
+def head_version(session: Session, model: Model) -> ModelVersion | None:
+    """The version `latest` names and new jobs start from: the newest READY version that holds every erasure
+    done on the model. A newer version that lacks one (an MCU ensemble mixed with an older version) is
+    never the head, so no job starts again from data that was erased."""
+    done = erasures_done(session, model.id)
+    versions = session.scalars(select(ModelVersion).where(ModelVersion.model_id == model.id,
+                                                          ModelVersion.state == "READY")
+                               .order_by(ModelVersion.number.desc())).all()
+    return next((v for v in versions if done <= set(v.erased_request_ids or [])), None)
+
+
+def missing_erasures(session: Session, version: ModelVersion) -> list[str]:
+    """Requests erased on the model that this version does not hold (it predates them or mixes in a version
+    that does)."""
+    return sorted(erasures_done(session, version.model_id) - set(version.erased_request_ids or []))
 
 
 def latest_number(session: Session, model_id: str) -> int | None:
@@ -39,11 +59,18 @@ def latest_number(session: Session, model_id: str) -> int | None:
 
 
 def add_version(session: Session, model: Model, *, location: str, manifest: list[dict], parent: ModelVersion | None,
-                job_id: str | None, request_id: str | None, tags: list[str] | None = None) -> ModelVersion:
-    """Version n+1 with parent n; its erased request ids are the parent's plus this one."""
-    erased = list(parent.erased_request_ids) if parent else []
-    if request_id and request_id not in erased:
-        erased.append(request_id)
+                job_id: str | None, request_id: str | None, tags: list[str] | None = None,
+                erased: list[str] | None = None) -> ModelVersion:
+    """Version n+1 with parent n; its erased request ids are the parent's plus this one (or `erased`, for a
+    version built from more than its parent). The model's row is locked first, so two versions finishing
+    together get n+1 and n+2 instead of one unique-constraint failure (PostgreSQL: a row lock; SQLite: the
+    write lock this update takes)."""
+    session.execute(update(Model).where(Model.id == model.id).values(name=Model.name)
+                    .execution_options(synchronize_session=False))
+    if erased is None:
+        erased = list(parent.erased_request_ids) if parent else []
+        if request_id and request_id not in erased:
+            erased.append(request_id)
     version = ModelVersion(model_id=model.id, number=(latest_number(session, model.id) or 0) + 1,
                            parent_number=parent.number if parent else None, job_id=job_id, state="READY",
                            location=location, manifest=manifest, manifest_sha256=manifest_sha256(manifest),
@@ -54,42 +81,3 @@ def add_version(session: Session, model: Model, *, location: str, manifest: list
                      {"parent": version.parent_number, "job_id": job_id, "manifest_sha256": version.manifest_sha256,
                       "erased_request_ids": erased})
     return version
-
-
-def copy_source(settings: Settings, store: ArtifactStore, source: str, prefix: str) -> list[dict]:
-    """Copy a model source into the store: a local directory under an import root, hf:org/name where a
-    network exists, or any fsspec URI. Refusals are 422 problems naming the source."""
-    if source.startswith("hf:"):
-        try:
-            from huggingface_hub import snapshot_download
-
-            with tempfile.TemporaryDirectory() as tmp:
-                local = snapshot_download(source[3:], local_dir=tmp)
-                return store.put_local_directory(Path(local), prefix)
-        except Exception as exc:  # no network, unknown repo, gated model
-            raise invalid(f"source {source!r} cannot be fetched: {str(exc).splitlines()[0][:300]}", "source") from None
-    if "://" in source:
-        try:
-            fs, root = fsspec.core.url_to_fs(source)
-            if not fs.isdir(root):
-                raise invalid(f"source {source!r} is not a directory", "source")
-            return store.put_directory(fs, root, prefix)
-        except Problem:
-            raise
-        except Exception as exc:
-            raise invalid(f"source {source!r} cannot be read: {str(exc).splitlines()[0][:300]}", "source") from None
-    try:
-        path = Path(source).expanduser().resolve()
-    except (RuntimeError, OSError, ValueError) as exc:  # "~nosuchuser/...": no home directory to expand
-        raise invalid(f"source {source!r} is not a path this service can resolve: {exc}", "source") from None
-    roots = [Path(r).expanduser().resolve() for r in settings.import_roots]
-    if not any(path == root or root in path.parents for root in roots):
-        raise invalid(f"source {source!r} is outside the import roots (LETHE_IMPORT_ROOTS)", "source")
-    if not path.is_dir():
-        raise invalid(f"source {source!r} is not a directory", "source")
-    return store.put_local_directory(path, prefix)
-
-
-def check_loadable(manifest: list[dict], source: str) -> None:
-    if not any(entry["path"] == "config.json" for entry in manifest):
-        raise invalid(f"source {source!r} has no config.json: not a from_pretrained directory", "source")

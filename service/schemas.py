@@ -7,6 +7,8 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 MAX_VERSION = 999_999_999  # version numbers fit any database's integer
+PLAIN = r"^[^\x00-\x1f\x7f-\x9f]*$"  # no control characters: a NUL reached PostgreSQL as a server error
+PROSE = r"^[^\x00-\x08\x0b\x0c\x0e-\x1f\x7f]*$"  # the same, with tabs and line breaks
 Record = dict[str, Any]  # checked by worker.engine.recordset with the engine's own rules
 
 
@@ -20,7 +22,7 @@ class ModelCreate(Strict):
     source: str = Field(min_length=1, max_length=4096, pattern=r"^[^\x00-\x1f\x7f]+$",
                         description="local path | hf:org/name | s3://...")
     retain: list[Record] | None = None
-    description: str | None = Field(default=None, max_length=10_000)
+    description: str | None = Field(default=None, max_length=10_000, pattern=PROSE)
 
 
 class ModelOut(BaseModel):
@@ -101,12 +103,12 @@ class ConnectivityOut(BaseModel):
 class JobCreate(Strict):
     model_id: str
     version: int | None = Field(default=None, ge=1, le=MAX_VERSION)
-    request_id: str = Field(min_length=1, max_length=256)
+    request_id: str = Field(min_length=1, max_length=256, pattern=PLAIN)
     forget: list[Record] = Field(min_length=1)
     retain: list[Record] | None = None
     holdout: list[Record] | None = None
     method: Literal["masc", "ga", "graddiff", "npo", "npo_kl", "simnpo", "rmu"] = "masc"
-    preset: str | None = None
+    preset: str | None = Field(default=None, max_length=64, pattern=PLAIN)
     params: dict[str, Any] | None = Field(default=None, description=(
         "Engine parameters, checked with the engine's own rules; none are needed. MASC: alpha and "
         "record_ceiling (\"auto\", the default: calibrated on the model's own behaviour on counterfactuals of "
@@ -160,9 +162,10 @@ class Page(BaseModel):
 
 
 class ApiKeyCreate(Strict):
-    tenant: str = Field(min_length=1, max_length=128)
-    scopes: list[Literal["jobs:write", "jobs:read", "models:write", "artifacts:read", "admin"]] = Field(min_length=1)
-    name: str = Field(default="", max_length=256)
+    tenant: str = Field(min_length=1, max_length=128, pattern=PLAIN)
+    scopes: list[Literal["jobs:write", "jobs:read", "models:write", "artifacts:read", "metrics:read", "admin"]] = \
+        Field(min_length=1)
+    name: str = Field(default="", max_length=256, pattern=PLAIN)
 
 
 class ApiKeyOut(BaseModel):
@@ -171,4 +174,5 @@ class ApiKeyOut(BaseModel):
     scopes: list[str]
     name: str
     created_at: datetime
+    revoked_at: datetime | None = None
     key: str | None = None  # the secret, in the creation answer only

@@ -21,11 +21,22 @@ class Settings(BaseSettings):
     artifact_root: str = str(HOME / "artifacts")
     # Local model sources must lie under one of these folders (so a client cannot read the server's disk).
     import_roots: list[str] = [str(HOME / "imports")]
+    # s3:// model sources: only these buckets (none by default), read with the server's credentials.
+    s3_buckets: list[str] = []
+    max_source_bytes: int = 512 * 2**30  # a model source larger than this is refused before copying
     admin_key: str | None = None
+    # Signs the audit log's checkpoints; never stored in the database. Unset: a key file made once beside
+    # the embedded database (service.audit_log). Production sets it from a secret store.
+    audit_key: str | None = None
+    audit_key_file: Path = HOME / "audit.key"
     admin_tenant: str = "default"
     max_body_bytes: int = 32 * 2**20
     max_records: int = 20_000
     max_attempts: int = 3
+    # Per tenant, so that one cannot hold the only queue: jobs not yet ended, and the worker seconds its jobs
+    # used over the last 24 hours (0: no limit).
+    max_active_jobs: int = 20
+    max_worker_seconds_per_day: float = 0.0
     lease_seconds: float = 60.0  # a job whose worker is silent this long is taken over
     heartbeat_seconds: float = 2.0
     sweep_seconds: float = 10.0  # how often QUEUED and orphaned jobs are re-sent to the queue

@@ -4,12 +4,21 @@ from __future__ import annotations
 
 import hashlib
 import json
-from pathlib import Path
+from pathlib import Path, PurePosixPath
+from typing import Callable
 
 import fsspec
 
 CHUNK = 1 << 20
 STREAM_CHUNK = 8 << 20  # downloads: fewer hops through the thread pool per byte
+
+
+def safe_relative(rel: str) -> str:
+    """A file's path inside a version folder, in POSIX form; ValueError for one that could leave it."""
+    path = PurePosixPath(rel.replace("\\", "/"))
+    if not rel or path.is_absolute() or any(part in ("..", "") for part in path.parts) or "\x00" in rel:
+        raise ValueError(f"file path {rel!r} is not a plain path inside the model folder")
+    return str(path)
 
 
 def manifest_sha256(manifest: list[dict]) -> str:
@@ -27,16 +36,18 @@ class ArtifactStore:
     def _path(self, prefix: str, rel: str = "") -> str:
         return "/".join([self.root.rstrip("/"), prefix.strip("/")] + ([rel.lstrip("/")] if rel else []))
 
-    def put_directory(self, source_fs, source_root: str, prefix: str) -> list[dict]:
-        """Copy every file below source_root into prefix; returns the manifest."""
+    def put_files(self, files: list[tuple[str, int, Callable]], prefix: str) -> list[dict]:
+        """Copy (relative path, size, opener) files into prefix; returns the manifest. Each path is checked
+        to stay under prefix (no "..", no absolute path) before anything is written."""
+        files = [(safe_relative(rel), size, opener) for rel, size, opener in files]
         manifest = []
-        files = sorted(p for p in source_fs.find(source_root) if source_fs.isfile(p))
-        for path in files:
-            rel = str(Path(path).relative_to(source_root)) if source_root else path
+        for rel, _, opener in files:
             digest, size = hashlib.sha256(), 0
             target = self._path(prefix, rel)
-            self.fs.makedirs(str(Path(target).parent), exist_ok=True)
-            with source_fs.open(path, "rb") as src, self.fs.open(target, "wb") as dst:
+            if self.is_local and not Path(target).resolve().is_relative_to(Path(self._path(prefix)).resolve()):
+                raise ValueError(f"{rel!r} would be written outside {prefix!r}")
+            self.fs.makedirs(str(PurePosixPath(target).parent), exist_ok=True)
+            with opener() as src, self.fs.open(target, "wb") as dst:
                 while chunk := src.read(CHUNK):
                     digest.update(chunk)
                     size += len(chunk)
@@ -45,7 +56,11 @@ class ArtifactStore:
         return manifest
 
     def put_local_directory(self, directory: Path, prefix: str) -> list[dict]:
-        return self.put_directory(fsspec.filesystem("file"), str(Path(directory).resolve()), prefix)
+        """Copy a folder this process wrote (a saved model) into prefix."""
+        directory = Path(directory).resolve()
+        files = [(str(p.relative_to(directory)), p.stat().st_size, lambda p=p: p.open("rb"))
+                 for p in sorted(directory.rglob("*")) if p.is_file() and not p.is_symlink()]
+        return self.put_files(files, prefix)
 
     def open(self, prefix: str, rel: str):
         return self.fs.open(self._path(prefix, rel), "rb")

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from service import audit_log, connectivity
 from service.db import session_scope
-from service.jobs import end_job
+from service.jobs import StateChanged, end_job
 from service.models import Job
 from service.registry import add_version, get_model, get_version
 from service.report import build_connectivity_report
@@ -52,7 +52,7 @@ def measure_curves(work: dict, new_dir: str, store: ArtifactStore, tmp: Path, ke
             continue
         curve = {"a": number, "result": outcome.result}
         if outcome.ensemble is not None:
-            curve["ensemble"] = save_ensemble(outcome, store, tmp, f"jobs/{job_id}/ensemble")
+            curve["ensemble"] = save_ensemble(outcome, store, tmp, f"jobs/{job_id}/attempt-{work['attempt']}/ensemble")
         curves.append(curve)
         del outcome
     return curves
@@ -87,9 +87,12 @@ def record_curves(session, job: Job, curves: list[dict], b: int, parent_of_ensem
             continue
         ensemble = None
         if "ensemble" in curve:
+            # The ensemble mixes both ends' weights: it holds only the erasures both ends hold.
+            a_erased = set(get_version(session, model, curve["a"]).erased_request_ids)
             version = add_version(session, model, location=curve["ensemble"]["location"],
                                   manifest=curve["ensemble"]["manifest"], parent=parent_of_ensemble, job_id=None,
-                                  request_id=None, tags=[ENSEMBLE_TAG])
+                                  request_id=None, tags=[ENSEMBLE_TAG],
+                                  erased=[r for r in parent_of_ensemble.erased_request_ids if r in a_erased])
             ensemble = {"version": version.number, **curve["result"]["ensemble"]}
         row = connectivity.store_curve(session, job, curve["a"], b, curve["result"], ensemble)
         audit_log.append(session, job.tenant, "connectivity.measured", row.id,
@@ -118,21 +121,26 @@ def execute_connectivity(job_id: str, work: dict, keeper, settings, store: Artif
     if outcome is not None:
         curve = {"a": options["a"], "result": outcome.result}
         if outcome.ensemble is not None:
-            curve["ensemble"] = save_ensemble(outcome, store, tmp, f"jobs/{job_id}/ensemble")
+            curve["ensemble"] = save_ensemble(outcome, store, tmp, f"jobs/{job_id}/attempt-{work['attempt']}/ensemble")
     keeper.done.set()
-    with session_scope() as session:
-        job = session.get(Job, job_id, with_for_update=True)
-        if job.lease_owner != keeper.owner or job.state not in ("RUNNING", "CANCELLING"):
-            return "lease lost"
-        if curve is None or job.cancel_requested:
-            end_job(job, "CANCELLED", result={"connectivity": []})
-            return "cancelled"
-        model = get_model(session, job.tenant, job.model_id)
-        [row] = record_curves(session, job, [curve], options["b"], get_version(session, model, options["b"]))
-        ids = [row.id]
-        job.engine_result = outcome.result
-        job.report = build_connectivity_report(job, [connectivity.summary(row)], keeper.owner)
-        audit_log.append(session, job.tenant, "report.created", job.id, {"report_sha256": job.report["sha256"]})
-        end_job(job, "SUCCEEDED", result={"connectivity": ids, "wall_seconds": outcome.result["timing"]["wall_seconds"],
-                                          "ensemble_version": (row.ensemble or {}).get("version")})
-        return f"succeeded: {ids[0]}"
+    ours = dict(expected=("RUNNING", "CANCELLING"), conditions=(Job.lease_owner == keeper.owner,))
+    try:
+        with session_scope() as session:
+            job = session.get(Job, job_id, with_for_update=True)
+            if job.lease_owner != keeper.owner or job.state not in ("RUNNING", "CANCELLING"):
+                return "lease lost"
+            if curve is None or job.cancel_requested:
+                end_job(job, "CANCELLED", result={"connectivity": []}, **ours)
+                return "cancelled"
+            model = get_model(session, job.tenant, job.model_id)
+            [row] = record_curves(session, job, [curve], options["b"], get_version(session, model, options["b"]))
+            ids = [row.id]
+            job.engine_result = outcome.result
+            job.report = build_connectivity_report(job, [connectivity.summary(row)], keeper.owner)
+            audit_log.append(session, job.tenant, "report.created", job.id, {"report_sha256": job.report["sha256"]})
+            end_job(job, "SUCCEEDED", result={"connectivity": ids,
+                                              "wall_seconds": outcome.result["timing"]["wall_seconds"],
+                                              "ensemble_version": (row.ensemble or {}).get("version")}, **ours)
+            return f"succeeded: {ids[0]}"
+    except StateChanged:  # cancelled or taken over between our read and our write
+        return "lease lost"

@@ -7,17 +7,17 @@ import os
 import socket
 import tempfile
 import threading
-import traceback
 from pathlib import Path
 
 from service.db import session_scope
-from service.jobs import acquire_lease, end_job, fail_exhausted, heartbeat
-from sqlalchemy import select
+from service.jobs import StateChanged, acquire_lease, end_job, fail_exhausted, heartbeat, log_state
+from sqlalchemy import select, update
 
 from service import audit_log, connectivity
-from service.models import Job, ModelVersion, RetrainReference
+from service.models import Job, Model, ModelVersion, RetrainReference, utcnow
+from service.queue import enqueue
 from service.report import build_report
-from service.registry import add_version, get_model, get_version
+from service.registry import add_version, get_model, get_version, missing_erasures
 from service.settings import get_settings
 from service.store import ArtifactStore
 from worker.mcu_runner import execute_connectivity, measure_curves, record_curves, version_dirs
@@ -65,6 +65,9 @@ def run(job_id: str) -> str:
     settings = get_settings()
     owner = f"{socket.gethostname()}:{os.getpid()}"
     with session_scope() as session:
+        if busy := model_busy(session, job_id):
+            enqueue(job_id, countdown=settings.heartbeat_seconds * 2)  # one new version per model at a time
+            return f"waiting for job {busy}"
         if not acquire_lease(session, job_id, owner, settings.lease_seconds):
             # Finished, running elsewhere, or out of attempts: a duplicate delivery does nothing.
             return "failed: attempts exhausted" if fail_exhausted(session, job_id) else "skipped"
@@ -73,7 +76,10 @@ def run(job_id: str) -> str:
             end_job(job, "CANCELLED", result=_result(None, "cancelled", 0, 0.0))
             return "cancelled"
         model = get_model(session, job.tenant, job.model_id)
-        base = get_version(session, model, job.base_version)
+        base = start_version(session, model, job) if job.kind != "connectivity" else \
+            get_version(session, model, job.base_version)
+        if base is None:
+            return "failed: base version predates erasures"
         reference = session.scalar(select(RetrainReference).where(
             RetrainReference.model_id == model.id,
             RetrainReference.forget_manifest_sha256 == job.forget_evidence["manifest_sha256"]))
@@ -81,14 +87,15 @@ def run(job_id: str) -> str:
         work = dict(forget=job.forget_records, retain=job.retain_records or [], params=job.params,
                     preset=job.preset, method=job.method, location=base.location,
                     holdout=job.holdout_records or [], audit_options=job.audit_options or {},
-                    reference_location=reference_location,
+                    reference_location=reference_location, attempt=job.attempt,
                     card=dict(model=model.name, source=model.source, parent=base.number, job=job.id,
                               erased=[*base.erased_request_ids, job.request_id]))
         if job.kind == "connectivity":
             options = job.mcu_options
             locations = version_dirs(session, job.tenant, job.model_id, [options["a"], options["b"]])
             work = dict(kind="connectivity", forget=job.forget_records or [], retain=job.retain_records or [],
-                        mcu=options, a_location=locations[options["a"]], b_location=locations[options["b"]])
+                        mcu=options, a_location=locations[options["a"]], b_location=locations[options["b"]],
+                        attempt=job.attempt)
         elif job.mcu_options:
             work.update(mcu=job.mcu_options, parent=base.number,
                         against_locations=version_dirs(session, job.tenant, job.model_id, job.mcu_options["against"]))
@@ -99,6 +106,38 @@ def run(job_id: str) -> str:
         return _execute(job_id, work, keeper, settings)
     finally:
         keeper.done.set()
+
+
+def model_busy(session, job_id: str) -> str | None:
+    """Another unlearning job of the same model that holds a live lease: this one waits for it, so that each
+    new version starts from the one before and holds every erasure (issue 12). The model's row is locked
+    first, so two workers cannot both find the model free (released when the caller's transaction ends)."""
+    job = session.get(Job, job_id)
+    if job is None or job.kind == "connectivity" or job.state != "QUEUED":
+        return None
+    session.execute(update(Model).where(Model.id == job.model_id).values(name=Model.name))
+    return session.scalar(select(Job.id).where(
+        Job.model_id == job.model_id, Job.id != job_id, Job.kind != "connectivity",
+        Job.state.in_(("RUNNING", "CANCELLING")), Job.lease_expires_at >= utcnow()).limit(1))
+
+
+def start_version(session, model, job: Job) -> ModelVersion | None:
+    """The version the job starts from: the head now, where the request named none; else the named one,
+    which must still hold every erasure done on the model (else the job FAILS, saying which)."""
+    if job.follows_head:
+        base = get_version(session, model, None)
+        if base.number != job.base_version:
+            job.base_version = base.number
+            log_state(job, {"base_version": base.number, "reason": "the head moved since submission"})
+        return base
+    base = get_version(session, model, job.base_version)
+    if missing := missing_erasures(session, base):
+        end_job(job, "FAILED", error=problem(
+            "version-predates-erasures", "Version predates erasures", 409,
+            f"version {base.number} still holds data erased by request(s) {', '.join(missing[:10])} (erased since "
+            "this job was submitted); submit again without a version to start from the head"))
+        return None
+    return base
 
 
 def _execute(job_id: str, work: dict, keeper: LeaseKeeper, settings) -> str:
@@ -123,7 +162,9 @@ def _execute(job_id: str, work: dict, keeper: LeaseKeeper, settings) -> str:
                                      progress=progress, should_cancel=keeper.should_stop)
             if keeper.lost.is_set():
                 return "lease lost"  # another worker owns the job now; write nothing
-            location = f"jobs/{job_id}/model"
+            # Each attempt writes its own folder: a worker that lost its lease but still runs cannot
+            # overwrite the files of its successor, whose version points at its own folder.
+            location = f"jobs/{job_id}/attempt-{work['attempt']}/model"
             manifest, audit, curves = None, None, []
             if outcome.model is not None:
                 save_model(outcome.model, outcome.tokenizer, Path(tmp) / "out")
@@ -134,14 +175,17 @@ def _execute(job_id: str, work: dict, keeper: LeaseKeeper, settings) -> str:
                     outcome.model = None  # the curves load both ends themselves
                     curves = measure_curves(work, str(Path(tmp) / "out"), store, Path(tmp), keeper,
                                             settings.device, job_id)
-            return _finish(job_id, keeper, outcome.result, location, manifest, audit, curves)
+            finished = _finish(job_id, keeper, outcome.result, location, manifest, audit, curves)
+            if finished == "lease lost" and manifest is not None:
+                store.delete(f"jobs/{job_id}/attempt-{work['attempt']}")  # nothing points at it
+            return finished
     except EngineInputError as exc:
         return _fail(job_id, keeper, problem("invalid-request", "Invalid request", 422, str(exc)))
     except Exception as exc:
         log.exception("job %s failed", job_id)
         detail = f"{type(exc).__name__}: {exc}".strip()[:2000]
-        return _fail(job_id, keeper, problem("job-failed", "Job failed", 500, detail),
-                     trace=traceback.format_exc()[-4000:])
+        # The trace stays in the worker's log: it may quote a record, and clients get a code and a message.
+        return _fail(job_id, keeper, problem("job-failed", "Job failed", 500, detail))
 
 
 def model_card(card: dict, result: dict) -> str:
@@ -178,6 +222,15 @@ def _finish(job_id: str, keeper: LeaseKeeper, result: dict, location: str, manif
             audit: dict | None, curves: list[dict]) -> str:
     """One transaction: the version (at most one per job) and the job's end, if the lease is still ours."""
     keeper.done.set()
+    try:
+        return _finish_once(job_id, keeper, result, location, manifest, audit, curves)
+    except StateChanged:  # cancelled, failed by the sweeper or taken over between our read and our write
+        return "lease lost"
+
+
+def _finish_once(job_id: str, keeper: LeaseKeeper, result: dict, location: str, manifest: list | None,
+                 audit: dict | None, curves: list[dict]) -> str:
+    ours = dict(expected=("RUNNING", "CANCELLING"), conditions=(Job.lease_owner == keeper.owner,))
     with session_scope() as session:
         job = session.get(Job, job_id, with_for_update=True)
         if job.lease_owner != keeper.owner or job.state not in ("RUNNING", "CANCELLING"):
@@ -186,7 +239,7 @@ def _finish(job_id: str, keeper: LeaseKeeper, result: dict, location: str, manif
         if keeper.latest_progress is not None:
             job.progress = keeper.latest_progress
         if manifest is None or job.cancel_requested:
-            end_job(job, "CANCELLED", result=_result(None, "cancelled", result["steps"], result["wall_seconds"]))
+            end_job(job, "CANCELLED", result=_result(None, "cancelled", result["steps"], result["wall_seconds"]), **ours)
             return "cancelled"
         model = get_model(session, job.tenant, job.model_id)
         parent = get_version(session, model, job.base_version)
@@ -202,21 +255,27 @@ def _finish(job_id: str, keeper: LeaseKeeper, result: dict, location: str, manif
         job.report = build_report(job, result, audit or {"error": "not run"}, parent, version, keeper.owner, mcu)
         audit_log.append(session, job.tenant, "report.created", job.id,
                          {"report_sha256": job.report["sha256"], "forgotten": job.report["verdict"]["forgotten"]})
+        # The log's head, signed with a key the database does not hold: a client that keeps it can later
+        # tell a chain cut back or rewritten (POST /v1/audit-log/verify).
+        job.report = {**job.report, "audit_checkpoint": audit_log.checkpoint(
+            session, audit_log.signing_key(get_settings()))}
         summary = _result(version.number, result["stop_reason"], result["steps"], result["wall_seconds"])
         if job.mcu_options:
             ensembles = [r.ensemble["version"] for r in rows if r.ensemble]
             summary.update(connectivity=ids, ensemble_version=ensembles[0] if ensembles else None)
-        end_job(job, "SUCCEEDED", result=summary)
+        end_job(job, "SUCCEEDED", result=summary, **ours)
         return f"succeeded: version {version.number}"
 
 
-def _fail(job_id: str, keeper: LeaseKeeper, error: dict, trace: str | None = None) -> str:
+def _fail(job_id: str, keeper: LeaseKeeper, error: dict) -> str:
     keeper.done.set()
-    with session_scope() as session:
-        job = session.get(Job, job_id, with_for_update=True)
-        if job.lease_owner != keeper.owner:
-            return "lease lost"
-        if trace:
-            error = {**error, "trace": trace}
-        end_job(job, "FAILED", error=error)
+    try:
+        with session_scope() as session:
+            job = session.get(Job, job_id, with_for_update=True)
+            if job.lease_owner != keeper.owner:
+                return "lease lost"
+            end_job(job, "FAILED", error=error, expected=("RUNNING", "CANCELLING"),
+                    conditions=(Job.lease_owner == keeper.owner,))
+    except StateChanged:
+        return "lease lost"
     return "failed"

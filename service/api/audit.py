@@ -15,6 +15,7 @@ from service.db import transactional
 from service.jobs import forget_evidence
 from service.models import AuditEntry, RetrainReference
 from service.problems import Problem, invalid
+from service.schemas import MAX_VERSION
 from service.api.jobs import checked_records
 from service.settings import get_settings
 
@@ -42,15 +43,45 @@ def list_entries(who: Principal = Depends(require("jobs:read")), session: Sessio
     return {"items": [entry_out(e) for e in rows], "next_page_token": str(rows[-1].seq) if more and rows else None}
 
 
+class Checkpoint(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    seq: int = Field(ge=0, le=2**62)
+    hash: str = Field(pattern=r"^[0-9a-f]{64}$")
+    signature: str = Field(pattern=r"^[0-9a-f]{64}$")
+
+
+class VerifyRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    checkpoints: list[Checkpoint] = Field(default_factory=list, max_length=1000)
+
+
 @router.get("/v1/audit-log/verify")
 @transactional
 def verify(who: Principal = Depends(require("jobs:read")), session: Session = None):
-    return audit_log.verify(session)
+    """Walk the chain; the caller's entries counted, and a signed checkpoint of the head to keep."""
+    key = audit_log.signing_key(get_settings())
+    return {**audit_log.verify(session, key, tenant=who.tenant), "checkpoint": audit_log.checkpoint(session, key)}
+
+
+@router.post("/v1/audit-log/verify")
+@transactional
+def verify_against(body: VerifyRequest, who: Principal = Depends(require("jobs:read")), session: Session = None):
+    """As GET, and every checkpoint the caller kept (from reports or earlier calls) must still hold: our
+    signature, and its entry present with that hash. A chain cut back or rewritten whole fails here."""
+    key = audit_log.signing_key(get_settings())
+    result = audit_log.verify(session, key, [c.model_dump() for c in body.checkpoints], tenant=who.tenant)
+    return {**result, "checkpoint": audit_log.checkpoint(session, key)}
+
+
+@router.get("/v1/audit-log/checkpoint")
+@transactional
+def checkpoint(who: Principal = Depends(require("jobs:read")), session: Session = None):
+    return audit_log.checkpoint(session, audit_log.signing_key(get_settings()))
 
 
 class ReferenceCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    version: int = Field(ge=1)
+    version: int = Field(ge=1, le=MAX_VERSION)
     forget: list[dict] | None = None
     forget_manifest_sha256: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
 

@@ -10,7 +10,7 @@ from service.api.jobs import checked_records, send
 from service.auth import Principal, require
 from service.db import transactional
 from service.idempotency import idempotent
-from service.jobs import forget_evidence, job_view, log_state
+from service.jobs import check_quota, forget_evidence, job_view, log_state
 from service.models import Connectivity, Job, new_id
 from service.pagination import paginate
 from service.problems import invalid
@@ -26,6 +26,7 @@ def submit(model_id: str, body: ConnectivityCreate, request: Request, who: Princ
            session: Session = None, idempotency_key: str | None = Header(None)):
     def create():
         settings = get_settings()
+        check_quota(session, who.tenant, settings)
         model = registry.get_model(session, who.tenant, model_id)
         options = body.model_dump(exclude={"forget"})
         connectivity.check_engine_params(options)

@@ -15,10 +15,10 @@ from service import connectivity, registry
 from service.auth import Principal, require
 from service.db import session_scope, transactional
 from service.idempotency import idempotent
-from service.jobs import forget_evidence, get_job, job_view, log_state, request_cancel
+from service.jobs import check_quota, forget_evidence, get_job, job_view, log_state, request_cancel
 from service.models import JOB_STATES, TERMINAL, Job, new_id, utcnow
 from service.pagination import paginate
-from service.problems import invalid, not_found
+from service.problems import Problem, invalid, not_found
 from service.queue import enqueue
 from service.report_html import render_report
 from service.schemas import JobCreate, JobOut, Page
@@ -72,8 +72,13 @@ def submit(body: JobCreate, request: Request, who: Principal = Depends(require("
            session: Session = None, idempotency_key: str | None = Header(None)):
     def create():
         settings = get_settings()
+        check_quota(session, who.tenant, settings)
         model = registry.get_model(session, who.tenant, body.model_id)
         version = registry.get_version(session, model, body.version)
+        if missing := registry.missing_erasures(session, version):
+            raise Problem(409, "version-predates-erasures", "Version predates erasures",
+                          f"version {version.number} still holds data erased by request(s) {', '.join(missing[:10])}; "
+                          "a new version must start from one that holds every erasure (leave version out: the head)")
         forget = checked_records(body.forget, "forget", settings.max_records)
         retain = checked_records(body.retain, "retain", settings.max_records)
         holdout = checked_records(body.holdout, "holdout", settings.max_records)
@@ -88,6 +93,7 @@ def submit(body: JobCreate, request: Request, who: Principal = Depends(require("
             connectivity.check_engine_params(mcu, "mcu.")
             mcu["against"] = connectivity.resolve_against(session, model, version.number, body.mcu.against)
         job = Job(id=new_id("job"), tenant=who.tenant, model_id=model.id, base_version=version.number,
+                  follows_head=body.version is None,
                   request_id=body.request_id, method=body.method, preset=body.preset, params=body.params or {},
                   state="QUEUED", forget_records=forget, forget_evidence=forget_evidence(forget),
                   retain_records=retain if retain is not None else model.retain_records, holdout_records=holdout,

@@ -7,7 +7,6 @@ import tarfile
 from fastapi import APIRouter, Depends, Header, Query, Request
 from fastapi.responses import Response, StreamingResponse
 from sqlalchemy import select
-from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from service import registry
@@ -17,8 +16,9 @@ from service.idempotency import idempotent
 from service.models import Model, ModelVersion, new_id
 from service.pagination import paginate
 from service.problems import Problem, invalid, not_found
-from service.schemas import ModelCreate, ModelOut, Page, VersionOut
+from service.schemas import MAX_VERSION, ModelCreate, ModelOut, Page, VersionOut
 from service.settings import get_settings
+from service.sources import copy_source
 from service.store import STREAM_CHUNK, ArtifactStore
 from worker.engine.errors import EngineInputError
 from worker.engine.recordset import normalise_records
@@ -33,7 +33,8 @@ def store() -> ArtifactStore:
 def model_out(session: Session, model: Model) -> dict:
     return {"id": model.id, "name": model.name, "source": model.source, "description": model.description,
             "retain_count": len(model.retain_records or []),
-            "latest_version": registry.latest_number(session, model.id), "created_at": model.created_at}
+            "latest_version": getattr(registry.head_version(session, model), "number", None),
+            "created_at": model.created_at}
 
 
 def version_out(v: ModelVersion) -> dict:
@@ -58,15 +59,14 @@ def create_model(body: ModelCreate, request: Request, who: Principal = Depends(r
                       description=body.description, retain_records=retain)
         location = f"models/{model.id}/v1"
         artifacts = store()
-        manifest = registry.copy_source(get_settings(), artifacts, body.source, location)
         try:
-            registry.check_loadable(manifest, body.source)
+            manifest = copy_source(get_settings(), artifacts, body.source, location)
             session.add(model)
-            session.flush()
+            session.flush()  # a concurrent twin with the same name fails here (idempotent() answers it)
             registry.add_version(session, model, location=location, manifest=manifest, parent=None, job_id=None,
                                  request_id=None, tags=["source"])
             session.flush()
-        except (Problem, IntegrityError):
+        except BaseException:  # nothing half-copied stays behind
             artifacts.delete(location)
             raise
         return 201, model_out(session, model), f"/v1/models/{model.id}"
@@ -98,10 +98,13 @@ def list_versions(model_id: str, who: Principal = Depends(require("jobs:read")),
     return {"items": [version_out(v) for v in rows], "next_page_token": None}
 
 
+VERSION_NUMBER = re.compile(r"[1-9][0-9]{0,8}")  # up to MAX_VERSION
+
+
 def _version(session, who, model_id, number: str) -> ModelVersion:
-    """A version by number, or the alias `latest` (the newest READY version)."""
-    if number != "latest" and not number.isdigit():
-        raise invalid(f"version {number!r}: expected a number or 'latest'", "number")
+    """A version by number, or the alias `latest` (the head: the newest version holding every erasure)."""
+    if number != "latest" and not VERSION_NUMBER.fullmatch(number):  # ASCII digits only: "²" and "١" are not 2 and 1
+        raise invalid(f"version {number!r}: expected a number from 1 to {MAX_VERSION} or 'latest'", "number")
     return registry.get_version(session, registry.get_model(session, who.tenant, model_id),
                                 None if number == "latest" else int(number))
 
@@ -121,7 +124,7 @@ def list_files(model_id: str, number: str, who: Principal = Depends(require("art
     return {"manifest_sha256": v.manifest_sha256, "files": v.manifest}
 
 
-RANGE = re.compile(r"^bytes=(\d*)-(\d*)$")
+RANGE = re.compile(r"^bytes=([0-9]{0,19})-([0-9]{0,19})$")  # ASCII digits, at most 19: a huge number is 416, not a crash
 
 
 @router.get("/{model_id}/versions/{number}/files/{path:path}")

@@ -1,4 +1,4 @@
-"""Health, readiness, Prometheus metrics, and API keys."""
+"""Health, readiness and Prometheus metrics."""
 from __future__ import annotations
 
 from fastapi import APIRouter, Depends
@@ -8,13 +8,14 @@ from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily
 from sqlalchemy import func, select, text
 from sqlalchemy.orm import Session
 
-from service.auth import Principal, create_key, require
+from service.auth import Principal, require
 from service.db import session_scope, transactional
 from service.models import JOB_STATES, Job
 from service.queue import broker_reachable, queue_depth
-from service.schemas import ApiKeyCreate, ApiKeyOut
 
 router = APIRouter(tags=["operations"])
+# Set by the embedded mode (service.embedded.WorkerSupervisor): /readyz then reports its worker process.
+worker_supervisor = None
 REGISTRY = CollectorRegistry()
 REQUEST_LATENCY = Histogram("lethe_http_request_duration_seconds", "HTTP request latency",
                             ["method", "route", "status"], registry=REGISTRY,
@@ -65,23 +66,16 @@ def readyz(session: Session = None):
     except Exception as exc:
         checks["database"] = f"unreachable: {type(exc).__name__}"
     checks["broker"] = "ok" if broker_reachable() else "unreachable"
+    if worker_supervisor is not None:  # `make run`: its own worker process, restarted when it dies
+        checks["worker"] = "ok" if worker_supervisor.alive() else "restarting"
     ready = all(v == "ok" for v in checks.values())
     return JSONResponse({"status": "ready" if ready else "not ready", "checks": checks}, status_code=200 if ready else 503)
 
 
 @router.get("/metrics")
-def metrics(_: Principal = Depends(require("jobs:read"))):
+def metrics(_: Principal = Depends(require("metrics:read"))):
+    """Every tenant's job counts: for the operator's scraper (scope metrics:read, or admin), not for tenants."""
     return Response(generate_latest(REGISTRY), media_type=CONTENT_TYPE_LATEST)
-
-
-@router.post("/v1/api-keys", status_code=201, response_model=ApiKeyOut)
-@transactional
-def new_api_key(body: ApiKeyCreate, who: Principal = Depends(require("admin")),
-                session: Session = None):
-    key, secret = create_key(session, body.tenant, list(body.scopes), name=body.name)
-    session.commit()
-    return {"id": key.id, "tenant": key.tenant, "scopes": key.scopes, "name": key.name,
-            "created_at": key.created_at, "key": secret}
 
 
 def observe(method: str, route: str, status: int, seconds: float) -> None:

@@ -66,6 +66,8 @@ def service_env(tmp_path_factory):
         "LETHE_ARTIFACT_ROOT": str(base / "artifacts"),
         "LETHE_IMPORT_ROOTS": json.dumps([str(base)]),
         "LETHE_ADMIN_KEY": ADMIN_KEY,
+        "LETHE_AUDIT_KEY": "test-audit-" + uuid.uuid4().hex,
+        "LETHE_MAX_ACTIVE_JOBS": "500",  # modules leave queued jobs until their end; the quota has its own test
         "LETHE_LEASE_SECONDS": "4",
         "LETHE_HEARTBEAT_SECONDS": "0.5",
         "LETHE_SWEEP_SECONDS": "1",

@@ -51,7 +51,10 @@ def test_scopes_are_enforced(client, registered_model, forget_records):
     assert client.get(f"/v1/models/{registered_model['id']}/versions/1/files", headers=auth(reader)).status_code == 403
     assert client.post("/v1/api-keys", headers=auth(reader), json={"tenant": "x", "scopes": ["admin"]}).status_code == 403
     assert count(Job) == jobs_before
-    metrics = client.get("/metrics", headers=auth(reader))
+    # Every tenant's job counts are the operator's: a tenant's reader key is refused, a scraper key is not.
+    assert client.get("/metrics", headers=auth(reader)).status_code == 403
+    scraper = new_key(client, "default", ["metrics:read"])
+    metrics = client.get("/metrics", headers=auth(scraper))
     assert metrics.status_code == 200 and 'lethe_jobs{state="QUEUED"}' in metrics.text
 
 

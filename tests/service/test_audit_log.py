@@ -48,3 +48,47 @@ def test_a_row_with_a_forged_hash_is_named(session):
     session.execute(text("UPDATE audit_log SET subject = 'forged', hash = repeat('a', 64) WHERE seq = 4"))
     session.commit()
     assert audit_log.verify(session)["broken_at"] == 4
+
+
+KEY = b"a key the database does not hold"
+
+
+def rewrite_from(session, seq: int) -> None:
+    """What someone with the database can do: change an entry and recompute every hash after it."""
+    from service.models import AuditEntry
+
+    session.execute(text(f"UPDATE audit_log SET subject = 'rewritten' WHERE seq = {seq}"))
+    prev = audit_log.GENESIS
+    for entry in session.query(AuditEntry).order_by(AuditEntry.seq):
+        entry.prev_hash = prev
+        entry.hash = audit_log.entry_hash(prev, audit_log._stamp(entry), entry.tenant, entry.kind, entry.subject,
+                                          entry.data)
+        prev = entry.hash
+    session.commit()
+
+
+def test_a_chain_rewritten_whole_passes_alone_and_fails_against_a_kept_checkpoint(session):
+    kept = audit_log.checkpoint(session, KEY)
+    assert kept["seq"] == 5 and audit_log.verify(session, KEY, [kept])["ok"] is True
+    rewrite_from(session, 2)
+    assert audit_log.verify(session)["ok"] is True  # the chain alone cannot tell
+    result = audit_log.verify(session, KEY, [kept])
+    assert result["ok"] is False and result["broken_at"] == 5 and "rewritten" in result["reason"]
+
+
+def test_a_chain_cut_back_fails_against_a_kept_checkpoint(session):
+    kept = audit_log.checkpoint(session, KEY)
+    session.execute(text("DELETE FROM audit_log WHERE seq >= 4"))
+    session.commit()
+    assert audit_log.verify(session)["ok"] is True
+    result = audit_log.verify(session, KEY, [kept])
+    assert result["ok"] is False and "cut back" in result["reason"]
+
+
+def test_a_forged_checkpoint_is_refused_and_tenants_count_their_own(session):
+    forged = {"seq": 5, "hash": audit_log.checkpoint(session, KEY)["hash"], "signature": "0" * 64}
+    assert "signature" in audit_log.verify(session, KEY, [forged])["reason"]
+    assert audit_log.verify(session, b"another key", [audit_log.checkpoint(session, KEY)])["ok"] is False
+    audit_log.append(session, "t2", "job.queued", "job_x", {})
+    session.commit()
+    assert audit_log.verify(session, tenant="t2")["entries"] == 1 and audit_log.verify(session, tenant="t1")["entries"] == 5

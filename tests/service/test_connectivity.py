@@ -42,7 +42,11 @@ def test_unlearning_job_with_mcu_against_its_parent_and_an_ensemble(client, work
     # The ensemble is a version like any other, tagged, whose parent is the new version.
     version = client.get(f"/v1/models/{mid}/versions/{ensemble_number}", headers=auth()).json()
     assert version["tags"] == ["mcu-ensemble"] and version["parent"] == new and version["job_id"] is None
-    assert version["erased_request_ids"][-1] == "dsar-mcu"
+    # It mixes in the parent's weights, so it holds only the erasures both ends hold: not the new one. So it
+    # is never `latest` nor the start of the next job (issue 12).
+    parent_erased = client.get(f"/v1/models/{mid}/versions/{new - 1}", headers=auth()).json()["erased_request_ids"]
+    assert "dsar-mcu" not in version["erased_request_ids"] and version["erased_request_ids"] == parent_erased
+    assert client.get(f"/v1/models/{mid}/versions/latest", headers=auth()).json()["number"] == new
 
     listed = client.get(f"/v1/models/{mid}/connectivity", headers=auth()).json()["items"]
     assert curve["id"] in [c["id"] for c in listed]

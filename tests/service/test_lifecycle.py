@@ -147,7 +147,7 @@ def test_full_life_of_a_deletion_request(client, worker, registered_model, forge
 def test_cancel_a_running_job(client, worker, registered_model, forget_records):
     before = len(versions(client, registered_model))
     slow = {"lr": 1e-7, "max_steps": 100000, "check_every": 1000}  # would run for many minutes
-    job = submit(client, registered_model, forget_records, "dsar-cancel", params=slow, version=1).json()
+    job = submit(client, registered_model, forget_records, "dsar-cancel", params=slow).json()
     wait_for(client, job["id"], states=("RUNNING",), condition=lambda j: (j["progress"].get("step") or 0) > 2)
     answer = client.post(f"/v1/unlearning-jobs/{job['id']}:cancel", headers=auth())
     assert answer.status_code == 200 and answer.json()["state"] in ("CANCELLING", "CANCELLED")
@@ -160,7 +160,7 @@ def test_cancel_a_running_job(client, worker, registered_model, forget_records):
 
 def test_sigkilled_worker_job_is_retried_and_succeeds_exactly_once(client, worker, registered_model, forget_records):
     params = {"lr": 1e-3, "max_steps": 150, "check_every": 1000}  # runs to max_steps: long enough to kill
-    job = submit(client, registered_model, forget_records, "dsar-sigkill", params=params, version=1).json()
+    job = submit(client, registered_model, forget_records, "dsar-sigkill", params=params).json()
     wait_for(client, job["id"], states=("RUNNING",), condition=lambda j: (j["progress"].get("step") or 0) > 5)
     worker.kill()
     time.sleep(1)
@@ -174,7 +174,7 @@ def test_sigkilled_worker_job_is_retried_and_succeeds_exactly_once(client, worke
 
 
 def test_a_baseline_runs_its_budget_through_the_service(client, worker, registered_model, forget_records):
-    job = submit(client, registered_model, forget_records, "dsar-graddiff", version=1, method="graddiff",
+    job = submit(client, registered_model, forget_records, "dsar-graddiff", method="graddiff",
                  params={"epochs": 2, "effective_batch": 4, "lr": 1e-3},
                  audit={"quantization": False, "relearn": False}).json()
     done = wait_for(client, job["id"])

@@ -68,5 +68,25 @@ def normalise_records(records, what: str, *, allow_empty: bool = False) -> list[
         if secrets is not None and (not isinstance(secrets, list)
                                     or not all(isinstance(x, str) and x.strip() for x in secrets)):
             raise EngineInputError(f"{name}: secrets must be a list of non-empty strings")
+        for key, value in record.items():
+            _check_text(name, key, value)
         out.append({**record, "id": rid})
     return out
+
+
+MAX_RECORD_CHARS = 1_000_000  # per string field: about 250k tokens, far past any context
+
+
+def _check_text(name: str, key: str, value) -> None:
+    """Strings a database and a tokenizer can hold: no NUL, no lone surrogate, not absurdly long."""
+    for text in (value if isinstance(value, list) else [value]):
+        if not isinstance(text, str):
+            continue
+        if len(text) > MAX_RECORD_CHARS:
+            raise EngineInputError(f"{name}: {key} holds {len(text)} characters, over {MAX_RECORD_CHARS}")
+        if "\x00" in text:
+            raise EngineInputError(f"{name}: {key} holds a NUL character")
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            raise EngineInputError(f"{name}: {key} holds a lone surrogate (not valid Unicode text)") from None

@@ -1,0 +1,346 @@
+"""Issue 12: what an attacker, a crash and a careless operator found. Every case answers 4xx problem+json and
+changes nothing; states are compare-and-set; versions are numbered under a lock; lineage keeps erasures."""
+import base64
+import json
+import os
+import shutil
+import threading
+import uuid
+from datetime import timedelta
+
+import pytest
+from sqlalchemy import func, select
+
+from service.db import session_scope
+from service.jobs import StateChanged, end_job, fail_exhausted, request_cancel
+from service.models import Job, Model, ModelVersion, utcnow
+from service.problems import Problem
+from service.registry import add_version, get_version, head_version, missing_erasures
+from service.store import ArtifactStore, safe_relative
+from tests.service.conftest import ADMIN_KEY, auth
+from tests.service.test_lease import make_job, read
+
+PROBLEM = "application/problem+json"
+pytestmark = pytest.mark.usefixtures("cancel_leftovers")
+
+
+def count(table) -> int:
+    with session_scope() as session:
+        return session.scalar(select(func.count()).select_from(table))
+
+
+def register(client, source, name=None):
+    return client.post("/v1/models", headers=auth(), json={"name": name or "m-" + uuid.uuid4().hex[:6],
+                                                           "source": source})
+
+
+# --- sources -------------------------------------------------------------------------------------------
+
+def test_only_import_roots_hub_and_allowed_buckets_are_sources(client, fixture_model):
+    before = count(Model)
+    cases = [
+        (f"file://{fixture_model}", "unsupported kind"),  # skipped the import roots before
+        ("file:///", "unsupported kind"),  # would have copied the disk
+        (f"zip://model::file://{fixture_model}.zip", "unsupported kind"),  # tar-slip through the manifest
+        ("http://169.254.169.254/latest/meta-data/", "unsupported kind"),  # SSRF
+        ("memory://x", "unsupported kind"),
+        (f"simplecache::file://{fixture_model}", "unsupported kind"),
+        ("s3://someone-elses-bucket/model", "not one this service may read"),
+        ("~\u0098", "source"),
+        ("gcs:bucket/model", "unsupported kind"),
+    ]
+    for source, words in cases:
+        answer = register(client, source)
+        assert answer.status_code == 422 and answer.headers["content-type"] == PROBLEM, (source, answer.text)
+        assert words in answer.text, (source, answer.text)
+    assert count(Model) == before
+
+
+def test_a_link_out_of_the_import_root_is_refused_and_one_inside_followed(client, fixture_model, service_env,
+                                                                          tmp_path):
+    root = json.loads(service_env["LETHE_IMPORT_ROOTS"])[0]
+    assert str(tmp_path).startswith(root)
+    leaking = tmp_path / "leaking"
+    shutil.copytree(fixture_model, leaking)
+    os.symlink("/etc/hostname", leaking / "secret.txt")
+    before = count(Model)
+    answer = register(client, str(leaking))
+    assert answer.status_code == 422 and "links outside the import root" in answer.text
+    assert count(Model) == before
+    # A Hub cache links snapshot files to blobs under the same root: followed, and the file's bytes stored.
+    cached = tmp_path / "cache"
+    (cached / "blobs").mkdir(parents=True)
+    shutil.copytree(fixture_model, cached / "snapshot")
+    (cached / "snapshot" / "config.json").rename(cached / "blobs" / "abc123")
+    os.symlink(cached / "blobs" / "abc123", cached / "snapshot" / "config.json")
+    answer = register(client, str(cached / "snapshot"))
+    assert answer.status_code == 201, answer.text
+    files = client.get(f"/v1/models/{answer.json()['id']}/versions/1/files", headers=auth()).json()["files"]
+    config = next(f for f in files if f["path"] == "config.json")
+    assert config["size"] == (cached / "blobs" / "abc123").stat().st_size
+
+
+def test_the_store_refuses_paths_that_leave_the_version_folder(tmp_path):
+    for bad in ("../escaped.txt", "/etc/passwd", "a/../../b", "..", ""):
+        with pytest.raises(ValueError):
+            safe_relative(bad)
+    assert safe_relative("sub/./model.safetensors") == "sub/model.safetensors"
+    store = ArtifactStore(str(tmp_path / "store"))
+    with pytest.raises(ValueError):
+        store.put_files([("ok.txt", 1, lambda: open(__file__, "rb")), ("../../escaped.txt", 1, lambda: open(__file__, "rb"))],
+                        "models/m/v1")
+    assert not (tmp_path / "escaped.txt").exists() and not (tmp_path / "store" / "models").exists()
+
+
+# --- input that crashed --------------------------------------------------------------------------------
+
+def test_odd_version_numbers_page_tokens_and_ranges_are_4xx(client, registered_model):
+    base = f"/v1/models/{registered_model['id']}"
+    for number in ("²", "١", "99999999999999999999", "0", "-1", "1.0"):
+        answer = client.get(f"{base}/versions/{number}", headers=auth())
+        assert answer.status_code == 422 and answer.headers["content-type"] == PROBLEM, (number, answer.text)
+    naive = base64.urlsafe_b64encode(json.dumps(["2026-01-01T00:00:00", "job_" + "0" * 32]).encode()).decode()
+    for token in ("1" * 40, naive, base64.urlsafe_b64encode(b'["2026-01-01T00:00:00+00:00", 7]').decode(), "%%"):
+        answer = client.get("/v1/unlearning-jobs", headers=auth(), params={"page_token": token})
+        assert answer.status_code == 422 and "page_token" in answer.text, (token, answer.text)
+    answer = client.get(f"{base}/versions/1/files/config.json", headers={**auth(), "Range": "bytes=" + "9" * 5000 + "-"})
+    assert answer.status_code == 416
+
+
+def test_control_characters_surrogates_and_huge_values_are_refused(client, registered_model, forget_records):
+    before = count(Job)
+    good = {"model_id": registered_model["id"], "request_id": "hardening", "forget": forget_records[:1]}
+    cases = [
+        {**good, "forget": [{"prompt": "Q", "completion": "A\ud800"}]},  # lone surrogate
+        {**good, "forget": [{"prompt": "Q\u0000", "completion": "A"}]},
+        {**good, "forget": [{"prompt": "Q", "completion": "x" * 1_000_001}]},
+        {**good, "version": 2 ** 63},
+        {**good, "params": {"lr": 1e308}},
+        {**good, "params": {"max_steps": 10 ** 12}},
+        {**good, "params": {"batch_size": 10 ** 9}},
+        {**good, "request_id": "a\u0000b"},
+    ]
+    for body in cases:
+        raw = json.dumps(body)  # json.dumps writes the lone surrogate as an escape, as a client would
+        answer = client.post("/v1/unlearning-jobs", headers={**auth(), "Content-Type": "application/json"},
+                             content=raw.encode())
+        assert answer.status_code in (400, 422) and answer.headers["content-type"] == PROBLEM, (raw[:200], answer.text)
+    for path in ("/v1/models/%00", "/v1/unlearning-jobs/job_%00x", "/v1/models/x%ff"):
+        answer = client.get(path, headers=auth())
+        assert answer.status_code == 404 and answer.headers["content-type"] == PROBLEM, (path, answer.text)
+    assert count(Job) == before
+
+
+def test_a_chunked_body_over_the_limit_is_413(client, registered_model, service_env):
+    limit = int(service_env["LETHE_MAX_BODY_BYTES"])
+
+    def chunks():  # no Content-Length: the stream is counted
+        yield b'{"model_id": "x", "request_id": "big", "forget": ['
+        for _ in range(limit // 1000 + 10):
+            yield b'{"prompt": "Q", "completion": "' + b"x" * 1000 + b'"},'
+        yield b'{"prompt": "Q", "completion": "A"}]}'
+
+    before = count(Job)
+    answer = client.post("/v1/unlearning-jobs", headers={**auth(), "Content-Type": "application/json"},
+                         content=chunks())
+    assert answer.status_code == 413 and answer.json()["type"].endswith("/payload-too-large")
+    assert count(Job) == before
+
+
+def test_concurrent_registrations_with_one_name_give_one_model_and_a_409(client, fixture_model):
+    name, answers = "twin-" + uuid.uuid4().hex[:6], []
+    threads = [threading.Thread(target=lambda: answers.append(register(client, str(fixture_model), name)))
+               for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(a.status_code for a in answers) == [201, 409, 409], [a.text for a in answers]
+    with session_scope() as session:
+        assert session.scalar(select(func.count()).select_from(Model).where(Model.name == name)) == 1
+
+
+# --- state ---------------------------------------------------------------------------------------------
+
+def test_a_cancel_that_arrives_as_the_worker_finishes_leaves_it_succeeded(registered_model):
+    job_id = make_job(registered_model["id"], state="RUNNING", attempt=1, lease_owner="w:1",
+                      lease_expires_at=utcnow() + timedelta(minutes=5))
+    with session_scope() as api:
+        stale = api.get(Job, job_id)  # the API read RUNNING ...
+        with session_scope() as worker:  # ... the worker ends it in between ...
+            end_job(worker.get(Job, job_id), "SUCCEEDED", result={"model_version": 2})
+        with pytest.raises(Problem) as refused:  # ... the cancel does not turn it back
+            request_cancel(api, stale)
+        assert refused.value.status == 409
+    assert (read(job_id).state, read(job_id).lease_owner) == ("SUCCEEDED", None)
+
+
+def test_the_sweeper_does_not_fail_a_job_its_worker_just_finished(registered_model):
+    job_id = make_job(registered_model["id"], state="RUNNING", attempt=3, lease_owner="slow:1",
+                      lease_expires_at=utcnow() - timedelta(seconds=1))
+    with session_scope() as sweeper:
+        stale = sweeper.get(Job, job_id)
+        assert stale.state == "RUNNING"
+        with session_scope() as worker:
+            end_job(worker.get(Job, job_id), "SUCCEEDED", result={"model_version": 2})
+        assert not fail_exhausted(sweeper, job_id)
+    assert read(job_id).state == "SUCCEEDED"
+
+
+def test_a_transition_from_a_state_the_job_left_raises(registered_model):
+    job_id = make_job(registered_model["id"], state="SUCCEEDED", attempt=1)
+    with session_scope() as session:
+        job = session.get(Job, job_id)
+        with pytest.raises(StateChanged):
+            end_job(job, "FAILED", expected=("RUNNING",), error={"detail": "late"})
+
+
+def test_two_versions_finishing_together_get_consecutive_numbers(registered_model):
+    """PostgreSQL: the second transaction waits for the model's row lock instead of failing the unique
+    constraint with the same number."""
+    numbers, errors = [], []
+
+    def add(session, tag):
+        model = session.get(Model, registered_model["id"])
+        version = add_version(session, model, location="nowhere", manifest=[], parent=None, job_id=None,
+                              request_id=None, tags=[tag])
+        numbers.append(version.number)
+
+    def second():
+        try:
+            with session_scope() as session:
+                add(session, "second")
+        except Exception as exc:  # noqa: BLE001 (the assertion below names it)
+            errors.append(exc)
+
+    with session_scope() as session:
+        add(session, "first")
+        other = threading.Thread(target=second)
+        other.start()
+        other.join(timeout=1.0)
+        assert other.is_alive()  # waiting on the lock, not failed
+    other.join(timeout=30)
+    assert not errors and numbers[1] == numbers[0] + 1, (numbers, errors)
+    with session_scope() as session:  # tidy: these versions point nowhere
+        session.query(ModelVersion).filter(ModelVersion.model_id == registered_model["id"],
+                                           ModelVersion.number.in_(numbers)).delete()
+
+
+def test_the_head_holds_every_erasure_and_an_ensemble_with_an_older_version_is_not_it(client, fixture_model):
+    model_id = register(client, str(fixture_model)).json()["id"]
+    with session_scope() as session:
+        model = session.get(Model, model_id)
+        v1 = get_version(session, model, 1)
+        v2 = add_version(session, model, location=v1.location, manifest=v1.manifest, parent=v1, job_id=None,
+                         request_id="erase-A")
+        # An ensemble of v1 and v2 mixes in v1's weights: it holds only what both hold.
+        v3 = add_version(session, model, location=v1.location, manifest=v1.manifest, parent=v2, job_id=None,
+                         request_id=None, tags=["mcu-ensemble"], erased=[])
+        assert head_version(session, model).number == v2.number
+        assert missing_erasures(session, v3) == ["erase-A"] and missing_erasures(session, v1) == ["erase-A"]
+    assert client.get(f"/v1/models/{model_id}/versions/latest", headers=auth()).json()["number"] == 2
+    # A job pinned to a version that predates an erasure would bring the erased data back: refused.
+    answer = client.post("/v1/unlearning-jobs", headers=auth(), json={
+        "model_id": model_id, "request_id": "erase-B", "version": 1, "forget": [{"prompt": "Q", "completion": "A"}]})
+    assert answer.status_code == 409 and "erase-A" in answer.json()["detail"]
+    answer = client.post("/v1/unlearning-jobs", headers=auth(), json={
+        "model_id": model_id, "request_id": "erase-B", "forget": [{"prompt": "Q", "completion": "A"}],
+        "params": {"max_steps": 1}})
+    assert answer.status_code == 202 and answer.json()["base_version"] == 2
+    # Not for the worker (this test checks the submission): cancelled in whatever state it has reached.
+    assert client.post(f"/v1/unlearning-jobs/{answer.json()['id']}:cancel", headers=auth()).status_code in (200, 409)
+
+
+# --- keys ----------------------------------------------------------------------------------------------
+
+def test_keys_are_listed_revoked_at_once_and_tenant_admins_stay_in_their_tenant(client):
+    from service.models import AuditEntry
+
+    tenant = "t-" + uuid.uuid4().hex[:6]
+    minted = client.post("/v1/api-keys", headers=auth(), json={"tenant": tenant, "scopes": ["admin"], "name": "ta"})
+    assert minted.status_code == 201
+    tenant_admin, admin_id = minted.json()["key"], minted.json()["id"]
+    with session_scope() as session:  # the log says which key minted it
+        entry = session.scalar(select(AuditEntry).where(AuditEntry.subject == admin_id, AuditEntry.kind == "key.created"))
+        assert entry.data["by"] and entry.data["by"] != admin_id
+    # A tenant's admin: keys of its own tenant only, and no admin keys.
+    for body in ({"tenant": "default", "scopes": ["jobs:read"]}, {"tenant": tenant, "scopes": ["admin"]}):
+        assert client.post("/v1/api-keys", headers=auth(tenant_admin), json=body).status_code == 403
+    reader = client.post("/v1/api-keys", headers=auth(tenant_admin), json={"tenant": tenant, "scopes": ["jobs:read"]})
+    assert reader.status_code == 201
+    listed = client.get("/v1/api-keys", headers=auth(tenant_admin)).json()["items"]
+    assert {k["tenant"] for k in listed} == {tenant} and {k["id"] for k in listed} == {admin_id, reader.json()["id"]}
+    assert all("key" not in k or k["key"] is None for k in listed)
+    # Revoked: refused at once on this process (the next request, not 5 s later).
+    key = reader.json()["key"]
+    assert client.get("/v1/unlearning-jobs", headers=auth(key)).status_code == 200
+    assert client.delete(f"/v1/api-keys/{reader.json()['id']}", headers=auth(tenant_admin)).json()["revoked_at"]
+    assert client.get("/v1/unlearning-jobs", headers=auth(key)).status_code == 401
+    # Another tenant's key is not found for a tenant admin.
+    others = client.get("/v1/api-keys", headers=auth(), params={"tenant": "default"}).json()["items"]
+    assert client.delete(f"/v1/api-keys/{others[0]['id']}", headers=auth(tenant_admin)).status_code == 404
+
+
+def test_rotating_the_admin_key_revokes_the_old_one(client):
+    from service.auth import ensure_admin_key, lookup
+
+    old, new = "lth_rot_" + uuid.uuid4().hex, "lth_rot_" + uuid.uuid4().hex
+    with session_scope() as session:
+        ensure_admin_key(session, old, "default")
+    assert lookup(old) is not None
+    with session_scope() as session:
+        ensure_admin_key(session, new, "default")
+    assert lookup(old) is None and lookup(new) is not None
+    with session_scope() as session:  # back to this run's key (revoked by the rotation above, restored)
+        ensure_admin_key(session, ADMIN_KEY, "default")
+    assert lookup(ADMIN_KEY) is not None and lookup(new) is None
+
+
+# --- quotas --------------------------------------------------------------------------------------------
+
+def test_a_tenant_over_its_quota_gets_429_and_creates_nothing(registered_model):
+    from types import SimpleNamespace
+
+    from service.jobs import check_quota, forget_evidence
+
+    tenant = "q-" + uuid.uuid4().hex[:6]
+    records = [{"id": "r", "prompt": "Q", "completion": "A"}]
+
+    def add(**fields):
+        with session_scope() as session:
+            session.add(Job(tenant=tenant, model_id=registered_model["id"], base_version=1, request_id="q",
+                            method="masc", params={}, forget_records=records, forget_evidence=forget_evidence(records),
+                            progress={}, max_attempts=3, cancel_requested=False, **{"attempt": 1, **fields}))
+
+    add(state="QUEUED", attempt=0)
+    add(state="SUCCEEDED", started_at=utcnow() - timedelta(hours=2), ended_at=utcnow() - timedelta(hours=1))
+    with session_scope() as session:
+        check_quota(session, tenant, SimpleNamespace(max_active_jobs=2, max_worker_seconds_per_day=0))
+        with pytest.raises(Problem) as over:
+            check_quota(session, tenant, SimpleNamespace(max_active_jobs=1, max_worker_seconds_per_day=0))
+        assert over.value.status == 429 and over.value.headers["Retry-After"]
+        # One hour of worker time in the last day: over a half-hour allowance, under two hours.
+        check_quota(session, tenant, SimpleNamespace(max_active_jobs=5, max_worker_seconds_per_day=7200))
+        with pytest.raises(Problem, match="worker seconds"):
+            check_quota(session, tenant, SimpleNamespace(max_active_jobs=5, max_worker_seconds_per_day=1800))
+    with session_scope() as session:  # leave nothing for the worker
+        for job in session.query(Job).filter(Job.tenant == tenant, Job.state == "QUEUED"):
+            end_job(job, "CANCELLED")
+
+
+# --- the embedded broker ---------------------------------------------------------------------------------
+
+def test_the_embedded_broker_hands_out_messages_in_the_order_they_were_sent(tmp_path):
+    from service.queue import make_celery
+    from service.settings import Settings
+
+    app = make_celery(Settings(broker_url="filesystem://", broker_dir=tmp_path / "broker"))
+    with app.connection_for_write() as connection:
+        for i in range(12):
+            app.send_task("lethe.run_job", args=[f"job-{i}"], queue="q", connection=connection)
+        names = os.listdir(tmp_path / "broker" / "queue")
+        # Fixed-width names (kombu's own use unpadded uptime in ms, which sorts 1000000 before 999999).
+        assert len({len(n.split("_")[0]) for n in names}) == 1
+        channel = connection.default_channel
+        received = [channel._get("q")["headers"]["argsrepr"] for _ in range(12)]
+    assert received == [repr([f"job-{i}"]) for i in range(12)]
