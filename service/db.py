@@ -26,6 +26,8 @@ def make_engine(url: str) -> Engine:
             cursor = connection.cursor()
             cursor.execute("PRAGMA journal_mode=WAL")
             cursor.execute("PRAGMA foreign_keys=ON")
+            # Deleted and overwritten content is zeroed on disk: erased records do not survive in free pages.
+            cursor.execute("PRAGMA secure_delete=ON")
             cursor.close()
 
         return engine

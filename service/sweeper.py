@@ -7,14 +7,32 @@ import logging
 import threading
 from datetime import timedelta
 
-from service.db import session_scope
+from sqlalchemy import func, select
+
+from service.db import get_engine, session_scope
 from service.jobs import fail_exhausted, jobs_to_resend
 from service.models import Job, utcnow
 from service.queue import enqueue
+from service.scrub import scrub
 from service.settings import get_settings
 
 log = logging.getLogger("lethe.sweeper")
 RESEND_QUEUED_AFTER = timedelta(minutes=10)
+
+
+_scrubbed_up_to = None  # the latest ended_at already scrubbed (service.scrub)
+
+
+def scrub_if_jobs_ended() -> str | None:
+    """After jobs end (their forget records set to NULL), clear the database's leftovers of those records."""
+    global _scrubbed_up_to
+    with session_scope() as session:
+        latest = session.scalar(select(func.max(Job.ended_at)))
+    if latest is None or (_scrubbed_up_to is not None and latest <= _scrubbed_up_to):
+        return None
+    done = scrub(get_engine())
+    _scrubbed_up_to = latest
+    return done
 
 
 def sweep_once() -> list[str]:
@@ -43,6 +61,8 @@ class Sweeper(threading.Thread):
             try:
                 if resent := sweep_once():
                     log.warning("re-sent %d job(s): %s", len(resent), resent)
+                if scrubbed := scrub_if_jobs_ended():
+                    log.info("scrub: %s", scrubbed)
             except Exception:
                 log.exception("sweep failed")
 

@@ -9,7 +9,7 @@ import uuid
 from datetime import timedelta
 
 import pytest
-from sqlalchemy import func, select
+from sqlalchemy import func, select, text
 
 from service.db import session_scope
 from service.jobs import StateChanged, end_job, fail_exhausted, request_cancel
@@ -344,3 +344,56 @@ def test_the_embedded_broker_hands_out_messages_in_the_order_they_were_sent(tmp_
         channel = connection.default_channel
         received = [channel._get("q")["headers"]["argsrepr"] for _ in range(12)]
     assert received == [repr([f"job-{i}"]) for i in range(12)]
+
+
+# --- erased text on disk -----------------------------------------------------------------------------------
+
+def test_erased_records_leave_no_bytes_in_an_sqlite_file(tmp_path):
+    from sqlalchemy.orm import Session
+
+    from service.db import make_engine
+    from service.jobs import forget_evidence
+    from service.models import Base
+    from service.scrub import scrub
+
+    marker = "Zorblatt-" + uuid.uuid4().hex  # the erased text
+    records = [{"id": "r", "prompt": "Q", "completion": marker * 20}]
+    engine = make_engine(f"sqlite:///{tmp_path}/lethe.db")
+    Base.metadata.create_all(engine)
+    with Session(engine) as session:
+        session.add(Model(id="mdl_" + "0" * 32, tenant="t", name="m", source="s"))
+        session.flush()
+        job = Job(tenant="t", model_id="mdl_" + "0" * 32, base_version=1, request_id="r", method="masc", params={},
+                  forget_records=records, forget_evidence=forget_evidence(records), progress={}, max_attempts=3,
+                  cancel_requested=False, state="RUNNING", attempt=1)
+        session.add(job)
+        session.commit()
+        end_job(job, "SUCCEEDED", result={})
+        session.commit()
+    assert "sqlite" in scrub(engine)
+    engine.dispose()
+    on_disk = b"".join(p.read_bytes() for p in tmp_path.iterdir())
+    assert marker.encode() not in on_disk
+
+
+def test_the_sweeper_vacuums_jobs_on_postgresql_after_jobs_end(registered_model):
+    import time
+
+    from service import sweeper
+    from service.db import get_engine
+
+    job_id = make_job(registered_model["id"], state="RUNNING", attempt=1, lease_owner="w:1",
+                      lease_expires_at=utcnow() + timedelta(minutes=5))
+    with session_scope() as session:
+        end_job(session.get(Job, job_id), "SUCCEEDED", result={})
+    assert sweeper.scrub_if_jobs_ended() == "postgresql: jobs vacuumed"
+    assert sweeper.scrub_if_jobs_ended() is None  # nothing ended since
+    deadline = time.time() + 10
+    with get_engine().connect() as connection:
+        while True:  # the statistics reach the view within a second or so
+            vacuumed = connection.execute(text("SELECT last_vacuum FROM pg_stat_user_tables WHERE relname = 'jobs'")).scalar()
+            if vacuumed is not None or time.time() > deadline:
+                break
+            time.sleep(0.5)
+            connection.rollback()
+    assert vacuumed is not None

@@ -1,0 +1,23 @@
+"""Erased text must not survive on disk in the database's leftovers (issue 12). A job's forget records are
+set to NULL when it ends (service.jobs.end_job); the old row versions stay: in SQLite's free pages and its
+write-ahead log, in PostgreSQL's dead tuples until vacuum. SQLite runs with secure_delete (freed content
+is zeroed; service.db) and its log is checkpointed and truncated here; PostgreSQL's jobs table is
+vacuumed here, which frees the dead tuples for reuse (a VACUUM FULL, a maintenance step with an exclusive
+lock, also rewrites the file). The sweeper calls this after jobs end."""
+from __future__ import annotations
+
+from sqlalchemy import text
+from sqlalchemy.engine import Engine
+
+
+def scrub(engine: Engine) -> str:
+    """Drop what the database still holds of ended jobs' records; returns what was done."""
+    if engine.dialect.name == "sqlite":
+        with engine.connect() as connection:
+            busy, _, _ = connection.execute(text("PRAGMA wal_checkpoint(TRUNCATE)")).one()
+        return "sqlite: write-ahead log checkpointed and truncated" + (" (busy: next time)" if busy else "")
+    if engine.dialect.name == "postgresql":
+        with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as connection:
+            connection.execute(text("VACUUM jobs"))
+        return "postgresql: jobs vacuumed"
+    return f"{engine.dialect.name}: nothing to do"
