@@ -145,3 +145,11 @@ def test_a_dead_worker_is_restarted_and_a_restarted_service_finishes_its_job_onc
         assert numbers == [1, 2]  # one version for the job, contiguous
     finally:
         service.stop(signal.SIGTERM)
+
+
+def test_make_demo_without_a_key_says_where_the_key_comes_from(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LETHE_")}
+    done = subprocess.run([sys.executable, "-m", "service.demo"], cwd=tmp_path, env={**env, "PYTHONPATH": str(ROOT)},
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert "LETHE_ADMIN_KEY" in done.stderr and ".lethe/admin_key" in done.stderr

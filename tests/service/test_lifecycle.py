@@ -173,6 +173,27 @@ def test_sigkilled_worker_job_is_retried_and_succeeds_exactly_once(client, worke
     assert len(made) == 1 and made[0].number == done["result"]["model_version"]
 
 
+def test_a_worker_killed_after_training_while_it_saves_and_audits_leaves_one_version(client, worker, registered_model,
+                                                                                      forget_records):
+    """Killed once the last step is done (the model being saved, audited, its version not yet made): the next
+    attempt runs again, and exactly one version comes of the job, numbered next, in its own attempt's folder."""
+    before = [v["number"] for v in versions(client, registered_model)]
+    params = {"lr": 1e-3, "max_steps": 30, "check_every": 1000}
+    job = submit(client, registered_model, forget_records, "dsar-kill-at-save", params=params).json()
+    wait_for(client, job["id"], states=("RUNNING",), condition=lambda j: (j["progress"].get("step") or 0) >= 30)
+    assert client.get(f"/v1/unlearning-jobs/{job['id']}", headers=auth()).json()["state"] == "RUNNING"
+    worker.kill()
+    time.sleep(1)
+    worker.start()
+    done = wait_for(client, job["id"])
+    assert done["state"] == "SUCCEEDED" and done["attempt"] == 2, done
+    after = [v["number"] for v in versions(client, registered_model)]
+    assert after == before + [max(before) + 1] and done["result"]["model_version"] == max(before) + 1
+    with session_scope() as session:
+        [made] = session.query(ModelVersion).filter_by(job_id=job["id"]).all()
+    assert made.location == f"jobs/{job['id']}/attempt-2/model"
+
+
 def test_a_baseline_runs_its_budget_through_the_service(client, worker, registered_model, forget_records):
     job = submit(client, registered_model, forget_records, "dsar-graddiff", method="graddiff",
                  params={"epochs": 2, "effective_batch": 4, "lr": 1e-3},
