@@ -9,11 +9,13 @@ file beside the embedded database), handed out with each report and on request. 
 checkpoints a client kept fails when an entry they name is gone or has another hash."""
 from __future__ import annotations
 
+import functools
 import hashlib
 import hmac
 import json
 import os
 import secrets
+import tempfile
 from pathlib import Path
 
 from sqlalchemy import select, text
@@ -53,13 +55,29 @@ def signing_key(settings) -> bytes:
     """LETHE_AUDIT_KEY, else the key file (created with a random key, readable by this user only)."""
     if settings.audit_key:
         return settings.audit_key.encode()
-    path = Path(settings.audit_key_file)
-    if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(descriptor, "w") as handle:
-            handle.write(secrets.token_hex(32))
-    return path.read_text().strip().encode()
+    return _key_file(str(Path(settings.audit_key_file).resolve()))
+
+
+@functools.lru_cache
+def _key_file(path: str) -> bytes:
+    """The key in `path`, made once: written whole to a private temporary file, then linked into place, so
+    that processes starting together all read the one key that won, never an empty file."""
+    target = Path(path)
+    if not target.exists():
+        target.parent.mkdir(parents=True, exist_ok=True)
+        descriptor, temporary = tempfile.mkstemp(dir=target.parent, prefix=".audit-key-")
+        try:
+            with os.fdopen(descriptor, "w") as handle:  # mkstemp: mode 0600
+                handle.write(secrets.token_hex(32))
+            os.link(temporary, target)
+        except FileExistsError:
+            pass  # another process made it first: use theirs
+        finally:
+            os.unlink(temporary)
+    key = target.read_text().strip()
+    if len(key) < 32:
+        raise RuntimeError(f"the audit key file {path} holds no key")
+    return key.encode()
 
 
 def sign(key: bytes, seq: int, head: str) -> str:

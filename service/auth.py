@@ -55,15 +55,34 @@ def ensure_admin_key(session: Session, secret: str, tenant: str) -> None:
     for old in session.scalars(select(ApiKey).where(ApiKey.name == ADMIN_KEY_NAME, ApiKey.key_hash != digest,
                                                     ApiKey.revoked_at.is_(None))):
         old.revoked_at = utcnow()
-        audit_log.append(session, old.tenant, "key.revoked", old.id, {"by": "LETHE_ADMIN_KEY rotated"})
+        audit_log.append(session, old.tenant, "key.revoked", old.id, {"by": ROTATED})
         forget_cached(old.key_hash)
     current = session.scalar(select(ApiKey).where(ApiKey.key_hash == digest))
     if current is None:
         create_key(session, tenant, list(SCOPES), name=ADMIN_KEY_NAME, secret=secret, by="LETHE_ADMIN_KEY")
-    elif current.revoked_at is not None and current.name == ADMIN_KEY_NAME:  # the operator rotated back to it
+    elif current.revoked_at is not None and current.name == ADMIN_KEY_NAME and _revoked_by_rotation(session, current):
+        # The operator rotated back to it. A key revoked through the API (leaked, say) stays revoked.
         current.revoked_at = None
         audit_log.append(session, current.tenant, "key.restored", current.id, {"by": "LETHE_ADMIN_KEY"})
         forget_cached(digest)
+
+
+ROTATED = "LETHE_ADMIN_KEY rotated"
+
+
+def _revoked_by_rotation(session: Session, key: ApiKey) -> bool:
+    from service.models import AuditEntry
+
+    last = session.scalar(select(AuditEntry).where(AuditEntry.subject == key.id, AuditEntry.kind == "key.revoked")
+                          .order_by(AuditEntry.seq.desc()).limit(1))
+    return last is not None and (last.data or {}).get("by") == ROTATED
+
+
+def is_operator(who: Principal) -> bool:
+    """The operator: an admin key of LETHE_ADMIN_TENANT (other tenants' admins manage their own tenant)."""
+    from service.settings import get_settings
+
+    return "admin" in who.scopes and who.tenant == get_settings().admin_tenant
 
 
 # Key hash -> (expiry, principal or None). Saves a query per request; a revoked key stops working

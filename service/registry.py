@@ -58,6 +58,13 @@ def latest_number(session: Session, model_id: str) -> int | None:
     return session.scalar(select(func.max(ModelVersion.number)).where(ModelVersion.model_id == model_id))
 
 
+def lock_model(session: Session, model_id: str) -> None:
+    """Hold the model's row until the transaction ends (PostgreSQL: a row lock; SQLite: the write lock a
+    write takes): versions of one model are numbered, and jobs of one model started, one at a time."""
+    session.execute(update(Model).where(Model.id == model_id).values(name=Model.name)
+                    .execution_options(synchronize_session=False))
+
+
 def add_version(session: Session, model: Model, *, location: str, manifest: list[dict], parent: ModelVersion | None,
                 job_id: str | None, request_id: str | None, tags: list[str] | None = None,
                 erased: list[str] | None = None) -> ModelVersion:
@@ -65,8 +72,7 @@ def add_version(session: Session, model: Model, *, location: str, manifest: list
     version built from more than its parent). The model's row is locked first, so two versions finishing
     together get n+1 and n+2 instead of one unique-constraint failure (PostgreSQL: a row lock; SQLite: the
     write lock this update takes)."""
-    session.execute(update(Model).where(Model.id == model.id).values(name=Model.name)
-                    .execution_options(synchronize_session=False))
+    lock_model(session, model.id)
     if erased is None:
         erased = list(parent.erased_request_ids) if parent else []
         if request_id and request_id not in erased:

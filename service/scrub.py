@@ -10,14 +10,17 @@ from sqlalchemy import text
 from sqlalchemy.engine import Engine
 
 
-def scrub(engine: Engine) -> str:
-    """Drop what the database still holds of ended jobs' records; returns what was done."""
+def scrub(engine: Engine) -> tuple[bool, str]:
+    """Drop what the database still holds of ended jobs' records: (done, what was done). Not done: a
+    reader kept SQLite's log busy; try again."""
     if engine.dialect.name == "sqlite":
         with engine.connect() as connection:
             busy, _, _ = connection.execute(text("PRAGMA wal_checkpoint(TRUNCATE)")).one()
-        return "sqlite: write-ahead log checkpointed and truncated" + (" (busy: next time)" if busy else "")
+        if busy:
+            return False, "sqlite: write-ahead log busy, not truncated"
+        return True, "sqlite: write-ahead log checkpointed and truncated"
     if engine.dialect.name == "postgresql":
         with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as connection:
             connection.execute(text("VACUUM jobs"))
-        return "postgresql: jobs vacuumed"
-    return f"{engine.dialect.name}: nothing to do"
+        return True, "postgresql: jobs vacuumed"
+    return True, f"{engine.dialect.name}: nothing to do"

@@ -38,8 +38,14 @@ def copy_source(settings: Settings, store: ArtifactStore, source: str, prefix: s
 
 def _copy_hub(settings: Settings, store: ArtifactStore, source: str, prefix: str) -> list[dict]:
     try:
-        from huggingface_hub import snapshot_download
+        from huggingface_hub import HfApi, snapshot_download
 
+        # The size from the Hub's listing first: a client must not make the server fill its disk.
+        listed = HfApi().model_info(source[3:], files_metadata=True).siblings or []
+        total = sum(f.size or 0 for f in listed)
+        if total > settings.max_source_bytes:
+            raise invalid(f"source {source!r} holds {total} bytes, over this service's limit of "
+                          f"{settings.max_source_bytes} (LETHE_MAX_SOURCE_BYTES)", "source")
         with tempfile.TemporaryDirectory() as tmp:
             local = Path(snapshot_download(source[3:], local_dir=tmp))
             files = _local_files(local, local)

@@ -30,9 +30,10 @@ def scrub_if_jobs_ended() -> str | None:
         latest = session.scalar(select(func.max(Job.ended_at)))
     if latest is None or (_scrubbed_up_to is not None and latest <= _scrubbed_up_to):
         return None
-    done = scrub(get_engine())
-    _scrubbed_up_to = latest
-    return done
+    done, what = scrub(get_engine())
+    if done:  # else the next sweep tries again
+        _scrubbed_up_to = latest
+    return what
 
 
 def sweep_once() -> list[str]:

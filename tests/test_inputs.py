@@ -104,6 +104,12 @@ def test_read_records_json_and_jsonl(tmp_path):
     ({"lora_targets": ["auto", "q_proj"]}, None, "lora_targets"), ({"neighbour_share": 1.5}, None, "neighbour_share"),
     ({"val_mode": "all"}, None, "val_mode"),
     ({"secret_focus": "sometimes"}, None, "secret_focus"),
+    ({"lr": 1e308}, None, "lr"),  # accepted with 202 before issue 12, and would have run
+    ({"max_steps": 1e308}, None, "max_steps"),
+    ({"max_steps": 10 ** 7}, None, "max_steps"),
+    ({"batch_size": 10 ** 6}, None, "batch_size"),
+    ({"seed": 2 ** 33}, None, "seed"),
+    ({"k": 10 ** 5}, None, "k"),
     ({"lambda_retain": "often"}, None, "lambda_retain"),
     ({"lambda_redistribute": -1}, None, "lambda_redistribute"),
 ])
@@ -150,6 +156,7 @@ def test_presets_carry_the_published_defaults_and_explicit_values_win():
     assert MascParams.from_dict({"retain_loss": "nll", "secret_focus": True}).keep_weight == 0.0
     with pytest.raises(EngineInputError, match="lambda_keep"):  # no term that silently does nothing
         MascParams.from_dict({"lambda_keep": 1.0, "retain_loss": "nll"})
+    assert MascParams.from_dict({"seed": 2 ** 31 - 1}).seed == 2 ** 31 - 1  # a common seed stays allowed
     cli_style = MascParams.from_dict({"k": "3", "hoeffding": "true", "lora_targets": "q_proj,v_proj", "alpha": "0.3"})
     assert (cli_style.k, cli_style.hoeffding, cli_style.lora_targets, cli_style.alpha) == \
         (3, True, ["q_proj", "v_proj"], 0.3)

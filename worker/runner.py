@@ -11,13 +11,13 @@ from pathlib import Path
 
 from service.db import session_scope
 from service.jobs import StateChanged, acquire_lease, end_job, fail_exhausted, heartbeat, log_state
-from sqlalchemy import select, update
+from sqlalchemy import select
 
 from service import audit_log, connectivity
-from service.models import Job, Model, ModelVersion, RetrainReference, utcnow
+from service.models import TERMINAL, Job, ModelVersion, RetrainReference, utcnow
 from service.queue import enqueue
 from service.report import build_report
-from service.registry import add_version, get_model, get_version, missing_erasures
+from service.registry import add_version, get_model, get_version, lock_model, missing_erasures
 from service.settings import get_settings
 from service.store import ArtifactStore
 from worker.mcu_runner import execute_connectivity, measure_curves, record_curves, version_dirs
@@ -65,12 +65,14 @@ def run(job_id: str) -> str:
     settings = get_settings()
     owner = f"{socket.gethostname()}:{os.getpid()}"
     with session_scope() as session:
+        if fail_exhausted(session, job_id):  # every attempt's worker died: FAILED, whatever else runs
+            return "failed: attempts exhausted"
         if busy := model_busy(session, job_id):
             enqueue(job_id, countdown=settings.heartbeat_seconds * 2)  # one new version per model at a time
+            session.get(Job, job_id).enqueued_at = utcnow()  # this chain re-sends it: the sweeper need not
             return f"waiting for job {busy}"
         if not acquire_lease(session, job_id, owner, settings.lease_seconds):
-            # Finished, running elsewhere, or out of attempts: a duplicate delivery does nothing.
-            return "failed: attempts exhausted" if fail_exhausted(session, job_id) else "skipped"
+            return "skipped"  # finished, or running elsewhere: a duplicate delivery does nothing
         job = session.get(Job, job_id)
         if job.state == "CANCELLING":
             end_job(job, "CANCELLED", result=_result(None, "cancelled", 0, 0.0))
@@ -109,16 +111,18 @@ def run(job_id: str) -> str:
 
 
 def model_busy(session, job_id: str) -> str | None:
-    """Another unlearning job of the same model that holds a live lease: this one waits for it, so that each
-    new version starts from the one before and holds every erasure (issue 12). The model's row is locked
-    first, so two workers cannot both find the model free (released when the caller's transaction ends)."""
+    """Another unlearning job of the same model that has started and not ended: this one waits for it, so
+    that each new version starts from the one before and holds every erasure (issue 12). A lease that
+    expired does not free the model (its worker may only be slow; the sweeper re-sends or fails that job).
+    The model's row is locked first, so two workers cannot both find the model free (released when the
+    caller's transaction ends)."""
     job = session.get(Job, job_id)
-    if job is None or job.kind == "connectivity" or job.state != "QUEUED":
+    if job is None or job.kind == "connectivity" or job.state in TERMINAL:
         return None
-    session.execute(update(Model).where(Model.id == job.model_id).values(name=Model.name))
+    lock_model(session, job.model_id)
     return session.scalar(select(Job.id).where(
         Job.model_id == job.model_id, Job.id != job_id, Job.kind != "connectivity",
-        Job.state.in_(("RUNNING", "CANCELLING")), Job.lease_expires_at >= utcnow()).limit(1))
+        Job.state.in_(("RUNNING", "CANCELLING"))).limit(1))
 
 
 def start_version(session, model, job: Job) -> ModelVersion | None:
@@ -244,6 +248,14 @@ def _finish_once(job_id: str, keeper: LeaseKeeper, result: dict, location: str, 
         model = get_model(session, job.tenant, job.model_id)
         parent = get_version(session, model, job.base_version)
         existing = session.query(ModelVersion).filter_by(job_id=job_id).one_or_none()
+        if existing is None:
+            lock_model(session, model.id)
+            if missing := missing_erasures(session, parent):  # a version was made from the same base meanwhile
+                end_job(job, "FAILED", error=problem(
+                    "version-predates-erasures", "Version predates erasures", 409,
+                    f"version {parent.number} no longer holds every erasure (request(s) {', '.join(missing[:10])} "
+                    "were erased from it meanwhile); submit again without a version"), **ours)
+                return "failed: base version predates erasures"
         version = existing or add_version(session, model, location=location, manifest=manifest, parent=parent,
                                           job_id=job_id, request_id=job.request_id)
         rows = record_curves(session, job, curves, version.number, version) if curves else []

@@ -8,7 +8,8 @@ from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily
 from sqlalchemy import func, select, text
 from sqlalchemy.orm import Session
 
-from service.auth import Principal, require
+from service.auth import Principal, is_operator, principal
+from service.problems import Problem
 from service.db import session_scope, transactional
 from service.models import JOB_STATES, Job
 from service.queue import broker_reachable, queue_depth
@@ -73,8 +74,11 @@ def readyz(session: Session = None):
 
 
 @router.get("/metrics")
-def metrics(_: Principal = Depends(require("metrics:read"))):
-    """Every tenant's job counts: for the operator's scraper (scope metrics:read, or admin), not for tenants."""
+def metrics(who: Principal = Depends(principal)):
+    """Every tenant's job counts: for the operator and its scraper (a metrics:read key, which only the
+    operator mints), not for tenants, whose admin keys hold every other scope."""
+    if not (is_operator(who) or "metrics:read" in who.scopes):
+        raise Problem(403, "forbidden", "Forbidden", "/metrics needs the operator's key or a metrics:read key")
     return Response(generate_latest(REGISTRY), media_type=CONTENT_TYPE_LATEST)
 
 

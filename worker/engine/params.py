@@ -144,7 +144,7 @@ class MascParams(SharedParams):
         need(self.secret_focus in (True, False, "auto"), "secret_focus", "must be true, false or \"auto\"")
         need(self.replay_every >= 0, "replay_every", "must be >= 0 (0: off)")
         need(1 <= self.replay_records <= 4096, "replay_records", "must lie in [1, 4096]")
-        need(self.k >= 1, "k", "must be >= 1")
+        need(1 <= self.k <= 4096, "k", "must lie in [1, 4096]")
         need(self.beta > 0, "beta", "must be > 0")
         need(self.eta > 0, "eta", "must be > 0")
         need(self.delta >= 0, "delta", "must be >= 0")
@@ -197,7 +197,7 @@ class MascParams(SharedParams):
 
 # Past any sensible setting, and each rule below narrows its own: a job with lr 1e308 or max_steps 1e308
 # was accepted and would have run (issue 12).
-MAX_INT = 10_000_000
+MAX_INT = 2**32 - 1  # a seed may use the whole 32-bit range
 MAX_FLOAT = 1e6
 
 
