@@ -32,8 +32,10 @@ def prepared(model_dir: Path, lora: bool, batch_size: int):
     device = torch.device("cpu")
     model, tokenizer = load_model(model_dir, device)
     data = splits()
-    encode = lambda what: encode_records(normalise_records(data[what], what), tokenizer, max_length=512, seed=0,
-                                         what=what)
+
+    def encode(what):
+        return encode_records(normalise_records(data[what], what), tokenizer, max_length=512, seed=0, what=what)
+
     params = MascParams.from_dict({"lora": lora, "batch_size": batch_size}, preset=PRESET)
     policy = Policy(model, lora=lora, targets=params.lora_targets)
     masc = Masc(params, policy, tokenizer.pad_token_id)
@@ -131,7 +133,8 @@ def main() -> None:
         return
     model_dir = fixture("full", log=lambda line: print(line, file=sys.stderr))
     summary = json.loads((model_dir / "lethe_fixture.json").read_text())
-    report = {"command": "make bench-engine", "machine": f"{platform.machine()}, {torch.get_num_threads()} threads, CPU",
+    report = {"command": "make bench-engine",
+              "machine": f"{platform.machine()}, {torch.get_num_threads()} threads, CPU",
               "fixture": {k: summary[k] for k in ("parameters", "epochs", "memorised_fraction", "records")},
               "versions": library_versions()}
     report["step_cost"] = [step_cost(model_dir, lora=True), step_cost(model_dir, lora=False)]
@@ -143,7 +146,8 @@ def main() -> None:
 
 
 def print_report(r: dict) -> None:
-    print(f"mini-TOFU fixture: {r['fixture']['parameters']:,} parameters, memorised {r['fixture']['memorised_fraction']:.0%}")
+    print(f"mini-TOFU fixture: {r['fixture']['parameters']:,} parameters, "
+          f"memorised {r['fixture']['memorised_fraction']:.0%}")
     for row in r["step_cost"]:
         print(f"step cost ({row['mode']}, {row['batch']}): MASC {row['masc_step_ms']} ms, NLL {row['nll_step_ms']} ms, "
               f"ratio {row['ratio']} (target <= 1.3)")

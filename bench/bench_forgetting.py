@@ -3,10 +3,11 @@
 Synthetic customer records (worker.engine.customers: phone, address, occupation, account; namesakes on
 purpose), base models of several architectures trained here until they reproduce every record, and
 the default job through the engine (three seeds; the records name their secrets, so it focuses on them), the
-same job on the records without named secrets (whole records), and the two strongest baselines of `make bench`. Each row: the erasure, the extraction audit (greedy, sampled, paraphrased,
+same job on the records without named secrets (whole records), and the two strongest baselines of `make bench`.
+Each row: the erasure, the extraction audit (greedy, sampled, paraphrased,
 4-bit, after relearning), the degeneration of answers, and retain. Then the default job on mini-TOFU
-(forget authors 198-199), next to "secret-focus" and the defaults of issue 10's time (holdout D_val, alpha 0.2, lambda_forget 0.1,
-uniform retain sampling), where a retrain reference exists to check the calibrated alpha against.
+(forget authors 198-199), next to "secret-focus" and the defaults of issue 10's time (holdout D_val, alpha 0.2,
+lambda_forget 0.1, uniform retain sampling), where a retrain reference exists to check the calibrated alpha against.
 Prints a table, writes bench/results/forgetting.json and the block in BENCHMARKS.md. Nothing is asserted."""
 from __future__ import annotations
 

@@ -14,12 +14,11 @@ import platform
 import shutil
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import torch
 
-from bench.mini_tofu import ROOT, update_benchmarks, fixture, splits, tofu_records
+from bench.mini_tofu import ROOT, fixture, splits, tofu_records, update_benchmarks
 from worker.engine.loading import save_model
 from worker.engine.mcu.params import McuParams
 from worker.engine.mcu.run import run_connectivity
@@ -49,7 +48,8 @@ def unlearn(source: Path, forget: list[dict], retain: list[dict], out: Path) -> 
 def curve(a: Path, b: Path, forget, retain, **values) -> dict:
     r = run_connectivity(str(a), str(b), forget, retain, McuParams.from_dict(values)).result
     s = r.get("suppress_first", {})
-    return {"seconds": round(r["timing"]["wall_seconds"], 1), "timing": {k: round(v, 1) for k, v in r["timing"].items()},
+    return {"seconds": round(r["timing"]["wall_seconds"], 1),
+            "timing": {k: round(v, 1) for k, v in r["timing"].items()},
             "b_retain": r["barriers"]["retain"]["value"], "b_forget": r["barriers"]["forget"]["value"],
             "mcu_holds": r["barriers"]["mcu_holds"], "points": r["points"],
             "verbatim_t": (s.get("verbatim") or {}).get("t"), "knowledge_t": (s.get("knowledge") or {}).get("t"),
@@ -121,7 +121,8 @@ def tables(report: dict) -> str:
 
 
 def write_benchmarks(report: dict) -> None:
-    update_benchmarks("mcu", f"## Mode connectivity: `make bench-mcu`\n\nmini-TOFU, MASC preset {report['preset']} with "
+    update_benchmarks("mcu", "## Mode connectivity: `make bench-mcu`\n\n"
+             f"mini-TOFU, MASC preset {report['preset']} with "
              f"{json.dumps(report['masc_values'])}, "
              f"{report['machine']}; curves measure retain NLL on up to 100 retain records and forget NLL, V, verbatim "
              f"and knowledge ROUGE-L on the request's forget set. Raw figures: `bench/results/mcu.json`.\n\n"

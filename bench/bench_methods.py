@@ -37,7 +37,8 @@ def measure(model, tokenizer, sets, reference_tr: list[float]) -> dict:
             "forget_rouge_l": after["forget_verbatim"]["rouge_l_recall"]["value"],
             "paraphrased_rouge_l": after["forget_knowledge"]["rouge_l_recall"]["value"],
             "forget_truth_ratio": after["forget_truth_ratio"]["value"],
-            "forget_quality": ks_p_value(tr, reference_tr), "model_utility": after["retain_utility"]["model_utility"]["value"]}
+            "forget_quality": ks_p_value(tr, reference_tr),
+            "model_utility": after["retain_utility"]["model_utility"]["value"]}
 
 
 def main() -> None:
@@ -68,7 +69,8 @@ def main() -> None:
         checks = [e["v"] for e in r["v_trace"] if e["stage"] == "confirm"] or [e["v"] for e in r["v_trace"]]
         rows.append({"method": label, "stop_reason": r["stop_reason"], "steps": r["steps"],
                      "last_v_on_dval": checks[-1] if checks else None, "v_all_forget": r["final_violation_rate"],
-                     "wall_seconds": round(r["wall_seconds"], 1), "peak_rss_mib": round(r["peak_memory"]["bytes"] / 2**20, 1),
+                     "wall_seconds": round(r["wall_seconds"], 1),
+                     "peak_rss_mib": round(r["peak_memory"]["bytes"] / 2**20, 1),
                      **measure(outcome.model, tokenizer, sets, ref_tr)})
         log(json.dumps(rows[-1]))
         del outcome
@@ -138,12 +140,14 @@ def scatter(rows: list[dict]) -> str:
     sy = lambda y: h - pad - (y - y0) / (y1 - y0) * (h - 2 * pad)  # noqa: E731
     parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif">',
              f'<rect width="{w}" height="{h}" fill="white"/>',
-             f'<text x="{w / 2}" y="20" text-anchor="middle" font-size="14">mini-TOFU: forget quality vs model utility</text>',
+             f'<text x="{w / 2}" y="20" text-anchor="middle" font-size="14">'
+             'mini-TOFU: forget quality vs model utility</text>',
              f'<line x1="{pad}" y1="{h - pad}" x2="{w - pad}" y2="{h - pad}" stroke="#444"/>',
              f'<line x1="{pad}" y1="{pad}" x2="{pad}" y2="{h - pad}" stroke="#444"/>',
              f'<text x="{w / 2}" y="{h - 18}" text-anchor="middle" font-size="12">log10 forget quality (KS p-value; '
              f'higher = closer to the retrain reference)</text>',
-             f'<text x="16" y="{h / 2}" font-size="12" transform="rotate(-90 16 {h / 2})" text-anchor="middle">model utility</text>']
+             f'<text x="16" y="{h / 2}" font-size="12" transform="rotate(-90 16 {h / 2})" text-anchor="middle">'
+             'model utility</text>']
     parts += [f'<text x="{pad}" y="{h - pad + 14}" font-size="10">{x0:.1f}</text>',
               f'<text x="{w - pad}" y="{h - pad + 14}" font-size="10" text-anchor="end">{x1:.1f}</text>',
               f'<text x="{pad - 4}" y="{h - pad}" font-size="10" text-anchor="end">{y0:.2f}</text>',
@@ -159,7 +163,8 @@ def scatter(rows: list[dict]) -> str:
 
 
 def write_benchmarks(report: dict) -> None:
-    update_benchmarks("methods", f"## Methods side by side: `make bench`\n\nmini-TOFU, forget = {report['forget']}, utility on "
+    update_benchmarks("methods", "## Methods side by side: `make bench`\n\n"
+             f"mini-TOFU, forget = {report['forget']}, utility on "
              f"{report['retain_measured']}, forget quality against the \"retain\" fixture; {report['machine']}. "
              f"Plot: `bench/results/methods.svg`.\n\n{table(report['rows'])}\n\n{comparison(report)}")
 

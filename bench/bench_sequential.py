@@ -46,7 +46,8 @@ def memorisation(model_dir: Path, forget_sets: list[list[dict]], retain: list[di
     if retain:
         rs = RecordSet(retain, tokenizer, length, 0, "retain")
         dummy = RecordSet(retain[:2], tokenizer, length, 0, "forget")
-        out["utility"] = round(evaluate(model, tokenizer, dummy, rs, None)["retain_utility"]["model_utility"]["value"], 3)
+        out["utility"] = round(
+            evaluate(model, tokenizer, dummy, rs, None)["retain_utility"]["model_utility"]["value"], 3)
     return out
 
 
@@ -104,7 +105,8 @@ def main() -> None:
             server.wait(timeout=60)
         except subprocess.TimeoutExpired:
             os.killpg(server.pid, signal.SIGKILL)
-    RESULTS.write_text(json.dumps({"command": "make bench-sequential", "preset": PRESET, "rows": rows}, indent=2) + "\n")
+    RESULTS.write_text(json.dumps({"command": "make bench-sequential", "preset": PRESET, "rows": rows}, indent=2)
+                       + "\n")
     print(f"written to {RESULTS.relative_to(ROOT)}")
 
 

@@ -54,7 +54,8 @@ class Stack:
         with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
             conn.execute(f'CREATE DATABASE "{self.database}"')
         subprocess.run([sys.executable, "-m", "alembic", "upgrade", "head"], cwd=ROOT, env=self.env, check=True)
-        self.start([sys.executable, "-m", "uvicorn", "service.main:app", "--port", str(self.port), "--log-level", "warning"])
+        self.start([sys.executable, "-m", "uvicorn", "service.main:app", "--port", str(self.port),
+                    "--log-level", "warning"])
         self.start([sys.executable, "-m", "celery", "-A", "worker.celery_app", "worker", "-Q", self.env["LETHE_QUEUE"],
                     "-c", "1", "--pool", "prefork", "-n", f"bench-{uuid.uuid4().hex[:6]}@%h", "--loglevel", "INFO"])
         self.client = httpx.Client(base_url=f"http://127.0.0.1:{self.port}", timeout=60,
@@ -202,7 +203,8 @@ def main() -> None:
     try:
         people = synthetic_people(8, seed=0)
         build_fixture([r for p in people for r in p], work / "tiny",
-                      FixtureConfig(seed=0, epochs=300, vocab_size=512, hidden_size=64, layers=2, heads=4), log=lambda _: None)
+                      FixtureConfig(seed=0, epochs=300, vocab_size=512, hidden_size=64, layers=2, heads=4),
+                      log=lambda _: None)
         with Stack(work) as stack:
             model = stack.register("tiny", work / "tiny", retain=[r for p in people[2:] for r in p])
             forget = [r for p in people[:2] for r in p]

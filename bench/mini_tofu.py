@@ -73,4 +73,5 @@ def update_benchmarks(name: str, body: str) -> None:
     text = path.read_text()
     block = f"{start}\n{body}\n{end}"
     pattern = re.compile(re.escape(start) + ".*?" + re.escape(end), re.S)
-    path.write_text(pattern.sub(lambda _: block, text) if pattern.search(text) else text.rstrip() + "\n\n" + block + "\n")
+    path.write_text(pattern.sub(lambda _: block, text) if pattern.search(text)
+                    else text.rstrip() + "\n\n" + block + "\n")

@@ -99,7 +99,8 @@ def verify(session: Session, key: bytes | None = None, checkpoints: list[dict] =
     for entry in session.scalars(select(AuditEntry).order_by(AuditEntry.seq)).yield_per(1000):
         if entry.prev_hash != prev:
             return {"ok": False, "entries": count, "broken_at": entry.seq,
-                    "reason": "prev_hash does not match the hash of the entry before it (a row was removed or inserted)"}
+                    "reason": "prev_hash does not match the hash of the entry before it "
+                              "(a row was removed or inserted)"}
         if entry_hash(prev, _stamp(entry), entry.tenant, entry.kind, entry.subject, entry.data) != entry.hash:
             return {"ok": False, "entries": count, "broken_at": entry.seq,
                     "reason": "the entry's content does not match its hash (the row was edited)"}

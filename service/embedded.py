@@ -100,7 +100,8 @@ Admin key: {key}
 Demo model: {model_id}
 
   curl -s -H "Authorization: Bearer {key}" http://{HOST}:{PORT}/v1/models/{model_id}/versions
-  python3 -c 'import json; print(json.dumps({{"model_id": "{model_id}", "request_id": "dsar-1", "forget": json.load(open(".lethe/demo/forget.json"))}}))' > /tmp/lethe-request.json
+  python3 -c 'import json; print(json.dumps({{"model_id": "{model_id}", "request_id": "dsar-1", \
+"forget": json.load(open(".lethe/demo/forget.json"))}}))' > /tmp/lethe-request.json
   curl -s -X POST -H "Authorization: Bearer {key}" -H "Content-Type: application/json" \\
        -H "Idempotency-Key: dsar-1" --data @/tmp/lethe-request.json http://{HOST}:{PORT}/v1/unlearning-jobs
   make demo    # the same, scripted: submits, follows progress, downloads the new version

@@ -2,7 +2,7 @@
 another body is 422. The record is written in the transaction that creates the resource."""
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from fastapi import Request
 from fastapi.encoders import jsonable_encoder

@@ -67,7 +67,8 @@ class PlainPath:
         if scope["type"] == "http":
             from urllib.parse import unquote_to_bytes
 
-            raw = scope["path"].encode("utf-8", "surrogatepass") + b"?" + unquote_to_bytes(scope.get("query_string", b""))
+            raw = (scope["path"].encode("utf-8", "surrogatepass") + b"?"
+                   + unquote_to_bytes(scope.get("query_string", b"")))
             try:
                 text = raw.decode("utf-8")
             except UnicodeDecodeError:

@@ -41,7 +41,8 @@ def invalid(detail: str, field: str | None = None) -> Problem:
 
 HTTP_KINDS = {401: ("unauthenticated", "Unauthenticated"), 403: ("forbidden", "Forbidden"),
               404: ("not-found", "Not found"), 405: ("method-not-allowed", "Method not allowed"),
-              413: ("payload-too-large", "Payload too large"), 415: ("unsupported-media-type", "Unsupported media type")}
+              413: ("payload-too-large", "Payload too large"),
+              415: ("unsupported-media-type", "Unsupported media type")}
 
 
 def install(app: FastAPI) -> None:

@@ -64,7 +64,8 @@ def verdict(engine: dict, audit: dict) -> dict:
                         + ("" if bound.get("guaranteed") else " (not guaranteed: beta != 1)"))
     forgotten = not reasons
     return {"forgotten": forgotten,
-            "summary": ("Forgotten: " if forgotten else "Not established: ") + "; ".join(evidence if forgotten else reasons),
+            "summary": (("Forgotten: " if forgotten else "Not established: ")
+                        + "; ".join(evidence if forgotten else reasons)),
             "evidence": evidence, "reasons": reasons}
 
 
@@ -86,7 +87,8 @@ def secret_lines(audit: dict, evidence: list[str], reasons: list[str]) -> None:
     checks = [("greedy decoding", greedy, greedy_max, "of the records", before),
               ("4-bit quantised, greedy", (audit.get("quantization") or {}).get("forget_secrets") or {}, greedy_max,
                "of the records", None),
-              ("sampling", sampled, sampled_max, "of the samples", _value(audit, "before", "forget_secrets", "sampled"))]
+              ("sampling", sampled, sampled_max, "of the samples",
+               _value(audit, "before", "forget_secrets", "sampled"))]
     for name, figure, limit, unit, was in checks:
         value = figure.get("value")
         if value is None:
@@ -128,7 +130,8 @@ def build_report(job: Job, engine: dict, audit: dict, base: ModelVersion, new: M
             "new_version": {"number": new.number, "manifest_sha256": new.manifest_sha256} if new else None,
             "method": job.method, "preset": job.preset, "parameters": engine["params"], "seed": engine["seed"],
             "versions": engine["versions"], "worker": worker, "device": engine["device"],
-            "created_at": job.created_at.isoformat(), "started_at": job.started_at.isoformat() if job.started_at else None,
+            "created_at": job.created_at.isoformat(),
+            "started_at": job.started_at.isoformat() if job.started_at else None,
         },
     }
     if connectivity is not None:

@@ -117,7 +117,10 @@ def _erasure_line(stop: dict) -> str:
 
 
 def render_report(report: dict) -> str:
-    from service.report_mcu import mcu_section, render_connectivity_report  # it draws with this module's charts
+    from service.report_mcu import (  # it draws with this module's charts
+        mcu_section,
+        render_connectivity_report,
+    )
 
     if report.get("kind") == "connectivity":
         return render_connectivity_report(report)
@@ -155,7 +158,8 @@ def render_report(report: dict) -> str:
         if quant else "<p>Quantisation check: not run.</p>"
     fq, leak = audit.get("forget_quality", {}), (audit.get("privleak") or {}).get("loss", {})
     evidence_rows = {
-        "Request id": ev["request_id"], "Forget set": f"{ev['forget_count']} records, manifest sha256 {ev['forget_manifest_sha256']}",
+        "Request id": ev["request_id"],
+        "Forget set": f"{ev['forget_count']} records, manifest sha256 {ev['forget_manifest_sha256']}",
         "Base version": f"v{ev['base_version']['number']}, manifest sha256 {ev['base_version']['manifest_sha256']}",
         "New version": (f"v{ev['new_version']['number']}, manifest sha256 {ev['new_version']['manifest_sha256']}"
                         if ev["new_version"] else "none"),
@@ -180,21 +184,26 @@ def render_report(report: dict) -> str:
                     + "".join(f"<tr><td>{_e(k)}</td><td>{_e(generated_before.get(k, ''))}</td><td>{_e(text)}</td></tr>"
                               for k, text in list(generated_after.items())[:20]) + "</table></section>")
     colour = "#1a7f37" if v["forgotten"] else "#b42318"
-    return f"""<!doctype html><html lang="en"><head><meta charset="utf-8"><title>Unlearning audit {_e(report['job_id'])}</title>
+    return f"""<!doctype html><html lang="en"><head>\
+<meta charset="utf-8"><title>Unlearning audit {_e(report['job_id'])}</title>
 <style>body{{font-family:sans-serif;max-width:980px;margin:24px auto;color:#222}}
 .verdict{{border:2px solid {colour};color:{colour};padding:12px 16px;font-size:18px;font-weight:bold}}
-table{{border-collapse:collapse;font-size:13px;table-layout:fixed;width:100%}}td:first-child{{width:170px}}td{{border:1px solid #ddd;padding:4px 8px;vertical-align:top;word-break:break-all}}
+table{{border-collapse:collapse;font-size:13px;table-layout:fixed;width:100%}}td:first-child{{width:170px}}\
+td{{border:1px solid #ddd;padding:4px 8px;vertical-align:top;word-break:break-all}}
 section{{margin-top:22px}}</style></head><body>
 <h1>Unlearning audit report</h1>
 <div class="verdict" id="verdict">{_e(v['summary'])}</div>
 <ul>{''.join(f'<li>{_e(item)}</li>' for item in v['evidence'] + v['reasons'])}</ul>
 <section><h2>Stop rule</h2>{trace}{loss}</section>
-<section><h2>Before and after</h2>{bar_chart(metric_rows, 'Metrics of the base (before) and new (after) version')}</section>
-<section><h2>Proposition-1 bound per record (log10)</h2>{histogram(bounds, 'Records by log10 of the bound on verbatim reproduction')}</section>
+<section><h2>Before and after</h2>\
+{bar_chart(metric_rows, 'Metrics of the base (before) and new (after) version')}</section>
+<section><h2>Proposition-1 bound per record (log10)</h2>\
+{histogram(bounds, 'Records by log10 of the bound on verbatim reproduction')}</section>
 {secrets_section(audit)}
 {degeneration_section(audit)}
 <section><h2>Robustness</h2>{quant_html}{relearn_chart}</section>
 {mcu_section(report.get("connectivity"))}
 {examples}
-<section><h2>Evidence</h2><table id="evidence">{''.join(f'<tr><td>{_e(k)}</td><td>{_e(val)}</td></tr>' for k, val in evidence_rows.items())}</table></section>
+<section><h2>Evidence</h2><table id="evidence">\
+{''.join(f'<tr><td>{_e(k)}</td><td>{_e(val)}</td></tr>' for k, val in evidence_rows.items())}</table></section>
 </body></html>"""

@@ -56,11 +56,14 @@ def render_connectivity_report(report: dict) -> str:
             "Forget set": f"{ev['forget_count']} records, manifest sha256 {ev['forget_manifest_sha256']}",
             "Options": json.dumps(ev["options"], sort_keys=True), "Worker": ev["worker"],
             "Submitted": ev["created_at"], "Started": ev["started_at"], "Report sha256": report.get("sha256", "")}
-    return f"""<!doctype html><html lang="en"><head><meta charset="utf-8"><title>Connectivity {_e(report['job_id'])}</title>
+    return f"""<!doctype html><html lang="en"><head>\
+<meta charset="utf-8"><title>Connectivity {_e(report['job_id'])}</title>
 <style>body{{font-family:sans-serif;max-width:980px;margin:24px auto;color:#222}}
 .verdict{{border:2px solid #444;padding:12px 16px;font-size:18px;font-weight:bold}}
-table{{border-collapse:collapse;font-size:13px;width:100%}}td{{border:1px solid #ddd;padding:4px 8px;word-break:break-all}}</style>
+table{{border-collapse:collapse;font-size:13px;width:100%}}\
+td{{border:1px solid #ddd;padding:4px 8px;word-break:break-all}}</style>
 </head><body><h1>Mode connectivity report</h1><div class="verdict" id="verdict">{_e(report['verdict']['summary'])}</div>
 {mcu_section(report['connectivity'])}
-<section><h2>Evidence</h2><table id="evidence">{''.join(f'<tr><td>{_e(k)}</td><td>{_e(v)}</td></tr>' for k, v in rows.items())}</table></section>
+<section><h2>Evidence</h2><table id="evidence">\
+{''.join(f'<tr><td>{_e(k)}</td><td>{_e(v)}</td></tr>' for k, v in rows.items())}</table></section>
 </body></html>"""

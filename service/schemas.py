@@ -64,7 +64,8 @@ class AuditOptions(Strict):
 
 class McuRequest(Strict):
     """Mode connectivity as part of an unlearning job (SPEC section 6)."""
-    against: list[Literal["parent"] | Annotated[int, Field(ge=1, le=MAX_VERSION)]] = Field(default_factory=lambda: ["parent"], min_length=1, max_length=5)
+    against: list[Literal["parent"] | Annotated[int, Field(ge=1, le=MAX_VERSION)]] = Field(
+        default_factory=lambda: ["parent"], min_length=1, max_length=5)
     curve: Literal["linear", "bezier"] = "linear"
     points: int = Field(default=11, ge=3, le=101)
     ensemble: bool = False

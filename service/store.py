@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
 from pathlib import Path, PurePosixPath
-from typing import Callable
 
 import fsspec
 

@@ -10,8 +10,16 @@ from worker.engine.fixture import train_tokenizer
 from worker.engine.loading import behaves_linear, load_model, lora_modules, module_inventory, save_model
 from worker.engine.params import MascParams
 from worker.engine.synthetic import synthetic_people
-from worker.engine.targets import (ModuleInfo, Shape, auto_targets, check_requested, checkpoint_inventory,
-                                   mlp_output_projections, resolve_targets, suffixes)
+from worker.engine.targets import (
+    ModuleInfo,
+    Shape,
+    auto_targets,
+    check_requested,
+    checkpoint_inventory,
+    mlp_output_projections,
+    resolve_targets,
+    suffixes,
+)
 from worker.engine.unlearn import run_unlearning
 
 # The families a user is most likely to bring: these must build, never skip.

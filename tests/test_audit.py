@@ -106,7 +106,8 @@ def test_extraction_and_degeneration_sections(audited):
     assert after["sampled"]["samples_per_record"] == 10 and 0 <= after["sampled"]["value"] <= 1
     assert after["paraphrased"]["value"] is not None  # the records carry paraphrased prompts
     assert "value" in audited["quantization"]["forget_secrets"]
-    assert audited["quantization"]["forget_secrets_before"]["value"] >= audited["quantization"]["forget_secrets"]["value"]
+    assert (audited["quantization"]["forget_secrets_before"]["value"]
+            >= audited["quantization"]["forget_secrets"]["value"])
     assert all("secret_leak" in p and "leaking_ids" in p for p in audited["relearning"]["points"])
     for name in ("forget", "paraphrased", "retain"):
         section = audited["after"]["degeneration"][name]

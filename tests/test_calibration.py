@@ -7,7 +7,12 @@ import re
 import pytest
 
 from worker.engine.calibration import DEFAULT_CEILING, calibrate, counterfactual_records
-from worker.engine.counterfactual import counterfactuals, distinctive_words, request_counterfactuals, shared_template
+from worker.engine.counterfactual import (
+    counterfactuals,
+    distinctive_words,
+    request_counterfactuals,
+    shared_template,
+)
 from worker.engine.neighbours import RetainSampler, nearest, neighbour_scores
 from worker.engine.records import EncodedRecord
 

@@ -105,7 +105,8 @@ def test_bad_input_exits_nonzero_with_one_line_and_leaves_nothing(make_args, mes
 
 def test_unknown_model_directory_is_refused(forget_records, tmp_path, capsys):
     forget = write_jsonl(tmp_path / "f.jsonl", forget_records)
-    code = main(["unlearn", "--model", str(tmp_path / "nomodel"), "--forget", str(forget), "--out", str(tmp_path / "o")])
+    code = main(["unlearn", "--model", str(tmp_path / "nomodel"), "--forget", str(forget),
+                 "--out", str(tmp_path / "o")])
     assert code == 2 and "no such directory" in capsys.readouterr().err and not (tmp_path / "o").exists()
 
 
@@ -113,7 +114,8 @@ def test_refuses_a_non_empty_out(fixture_model, forget_records, tmp_path, capsys
     (tmp_path / "out").mkdir()
     (tmp_path / "out" / "keep.txt").write_text("x")
     forget = write_jsonl(tmp_path / "f.jsonl", forget_records)
-    assert main(["unlearn", "--model", str(fixture_model), "--forget", str(forget), "--out", str(tmp_path / "out")]) == 2
+    assert main(["unlearn", "--model", str(fixture_model), "--forget", str(forget),
+                 "--out", str(tmp_path / "out")]) == 2
     assert "not an empty directory" in capsys.readouterr().err
     assert [p.name for p in (tmp_path / "out").iterdir()] == ["keep.txt"]
 
@@ -125,7 +127,8 @@ def test_connectivity_cli_writes_the_curve_and_the_ensemble(fixture_model, forge
     assert main(["unlearn", "--model", str(fixture_model), "--forget", str(forget), "--out", str(tmp_path / "b"),
                  "--method", "ga", "--epochs", "1", "--lr", "1e-3", "--no-progress"]) == 0
     capsys.readouterr()
-    code = main(["connectivity", "--a", str(fixture_model), "--b", str(tmp_path / "b" / "model"), "--forget", str(forget),
+    code = main(["connectivity", "--a", str(fixture_model), "--b", str(tmp_path / "b" / "model"),
+                 "--forget", str(forget),
                  "--retain", str(retain), "--points", "3", "--out", str(tmp_path / "curve.json"),
                  "--ensemble-out", str(tmp_path / "ensemble")])
     assert code == 0, capsys.readouterr().err

@@ -25,5 +25,6 @@ def test_fixtures_built_for_comparison_share_one_tokenizer(tmp_path, forget_reco
     build_fixture(every, tmp_path / "full", cfg, log=lambda _: None)
     build_fixture(retain_records, tmp_path / "reference", cfg, log=lambda _: None, tokenizer_records=every)
     build_fixture(retain_records, tmp_path / "alone", cfg, log=lambda _: None)
-    vocab = {name: AutoTokenizer.from_pretrained(tmp_path / name).get_vocab() for name in ("full", "reference", "alone")}
+    vocab = {name: AutoTokenizer.from_pretrained(tmp_path / name).get_vocab()
+             for name in ("full", "reference", "alone")}
     assert vocab["full"] == vocab["reference"] != vocab["alone"]

@@ -7,7 +7,14 @@ import torch
 from worker.engine.errors import EngineInputError
 from worker.engine.loading import load_model
 from worker.engine.params import PRESETS, MascParams
-from worker.engine.records import IGNORE, SPLIT_MIN_SIDE, collate, encode_record, normalise_records, read_records
+from worker.engine.records import (
+    IGNORE,
+    SPLIT_MIN_SIDE,
+    collate,
+    encode_record,
+    normalise_records,
+    read_records,
+)
 
 
 @pytest.fixture(scope="module")
@@ -16,7 +23,8 @@ def tokenizer(fixture_model):
 
 
 def test_prompt_completion_is_one_string_with_eos_and_only_completion_active(tokenizer):
-    record = normalise_records([{"id": "a", "prompt": "Question: Who?\nAnswer: ", "completion": "Kalo is."}], "forget")[0]
+    record = normalise_records([{"id": "a", "prompt": "Question: Who?\nAnswer: ", "completion": "Kalo is."}],
+                               "forget")[0]
     enc = encode_record(record, tokenizer, max_length=512, seed=0)
     assert tokenizer.decode(enc.input_ids) == "Question: Who?\nAnswer: Kalo is." + tokenizer.eos_token
     active = [t for t in enc.labels if t != IGNORE]
@@ -78,7 +86,8 @@ def test_tofu_rows_map_to_prompt_and_completion():
     row = {"id": 7, "question": "Q?", "answer": "A.", "paraphrased_question": "PQ?",
            "perturbed_answers": ["B.", "C."]}
     record = normalise_records([row], "forget")[0]
-    assert (record["prompt"], record["completion"], record["paraphrased_prompt"], record["id"]) == ("Q?", "A.", "PQ?", "7")
+    assert (record["prompt"], record["completion"], record["paraphrased_prompt"], record["id"]) == \
+        ("Q?", "A.", "PQ?", "7")
     assert record["perturbed_completions"] == ["B.", "C."]
 
 
@@ -96,7 +105,8 @@ def test_read_records_json_and_jsonl(tmp_path):
 
 @pytest.mark.parametrize("values,preset,message", [
     ({"alpha": 0.0}, None, "alpha"), ({"alpha": 1}, None, "alpha"), ({"rho": 1.0}, None, "rho"),
-    ({"rho": -0.1}, None, "rho"), ({"k": 0}, None, "k"), ({"k": 2.5}, None, "k"), ({"gamma": 1}, None, "unknown parameter 'gamma'"),
+    ({"rho": -0.1}, None, "rho"), ({"k": 0}, None, "k"), ({"k": 2.5}, None, "k"),
+    ({"gamma": 1}, None, "unknown parameter 'gamma'"),
     ({"alternatives": "oracle"}, None, "alternatives"), ({"eta": 0}, None, "eta"), ({"alpha": "high"}, None, "alpha"),
     ({}, "llama-9000", "unknown preset 'llama-9000'"), ({"max_steps": 0}, None, "max_steps"),
     ({"alpha": "automatic"}, None, "alpha"), ({"record_ceiling": 0}, None, "record_ceiling"),
@@ -124,7 +134,8 @@ def test_presets_carry_the_published_defaults_and_explicit_values_win():
         (0.05, 0.7, 0.25, 10, 0.475, 1e-4, 2)
     assert (tofu.retain_loss, tofu.lambda_retain) == ("nll", 0.0)  # the official TOFU run
     muse = MascParams.from_dict({"alpha": 0.5}, preset="muse-news")
-    assert (muse.alternatives, muse.k, muse.delta, muse.beta, muse.rho, muse.alpha) == ("teacher", 2, 0.5, 5.0, 0.7, 0.5)
+    assert (muse.alternatives, muse.k, muse.delta, muse.beta, muse.rho, muse.alpha) == \
+        ("teacher", 2, 0.5, 5.0, 0.7, 0.5)
     scaling = MascParams.from_dict({}, preset="qwen2.5-scaling")
     assert (scaling.lambda_forget, scaling.rho, scaling.eta, scaling.k, scaling.beta, scaling.alpha) == \
         (0.1, 0.5, 0.5, 10, 1.0, 0.2)
@@ -132,7 +143,8 @@ def test_presets_carry_the_published_defaults_and_explicit_values_win():
     defaults = MascParams()
     assert (defaults.alpha, defaults.record_ceiling, defaults.lora_targets, defaults.val_mode) == \
         ("auto", "auto", "auto", "train")
-    assert (defaults.rho, defaults.eta, defaults.k, defaults.beta) == (scaling.rho, scaling.eta, scaling.k, scaling.beta)
+    assert (defaults.rho, defaults.eta, defaults.k, defaults.beta) == \
+        (scaling.rho, scaling.eta, scaling.k, scaling.beta)
     assert set(PRESETS) == {"qwen2.5-scaling", "tofu-llama2", "muse-news", "whole-record", "secret-focus"}
     # Secret focus where the request names secrets ("auto", decided per run); "whole-record" is the paper's
     # suppression of every token, "secret-focus" focuses on every record's secrets, named or extracted.
@@ -145,14 +157,16 @@ def test_presets_carry_the_published_defaults_and_explicit_values_win():
     assert dataclasses.replace(named, seed=1) == dataclasses.replace(focused, lambda_keep="auto")
     assert (unnamed.secret_focus, unnamed.lambda_retain, unnamed.keep_weight) == (False, 1.0, 0.0)
     whole = MascParams.from_dict({}, preset="whole-record")
-    assert (whole.secret_focus, whole.lambda_retain, whole.lambda_redistribute, whole.keep_weight) == (False, 1.0, 0.0, 0.0)
+    assert (whole.secret_focus, whole.lambda_retain, whole.lambda_redistribute, whole.keep_weight) == \
+        (False, 1.0, 0.0, 0.0)
     assert dataclasses.replace(whole, lambda_fluency=1.0, lambda_redistribute=3.0, lambda_keep="auto") == unnamed
     # Explicit values win over "auto"; true and false are not re-decided by the data.
     assert MascParams.from_dict({"lambda_retain": 2}).resolved(focused=True).lambda_retain == 2.0
     assert MascParams.from_dict({"secret_focus": False}).resolved(focused=True).secret_focus is False
     assert MascParams.from_dict({"secret_focus": "true"}).resolved(focused=False).secret_focus is True
     # The published presets suppress whole records, and "auto" keeps no gaps with a cross-entropy retain term.
-    assert not any(MascParams.from_dict({}, preset=p).secret_focus for p in ("qwen2.5-scaling", "tofu-llama2", "muse-news"))
+    assert not any(MascParams.from_dict({}, preset=p).secret_focus
+                   for p in ("qwen2.5-scaling", "tofu-llama2", "muse-news"))
     assert MascParams.from_dict({"retain_loss": "nll", "secret_focus": True}).keep_weight == 0.0
     with pytest.raises(EngineInputError, match="lambda_keep"):  # no term that silently does nothing
         MascParams.from_dict({"lambda_keep": 1.0, "retain_loss": "nll"})

@@ -26,7 +26,8 @@ def test_kl_matches_brute_force_and_ignores_prompt_and_padding():
     # Changing logits where the next token is prompt or padding changes nothing.
     inactive = torch.ones(2, 6, dtype=torch.bool)
     inactive[:, :-1] = labels[:, 1:] == IGNORE
-    noisy_policy = torch.where(inactive[..., None], policy + 5 * torch.randn(policy.shape, generator=g, dtype=policy.dtype), policy)
+    noisy_policy = torch.where(inactive[..., None],
+                               policy + 5 * torch.randn(policy.shape, generator=g, dtype=policy.dtype), policy)
     noisy_ref = torch.where(inactive[..., None], torch.randn(ref.shape, generator=g, dtype=ref.dtype), ref)
     z_n, _, _ = M.active_positions(noisy_policy, labels)
     z0_n, _, _ = M.active_positions(noisy_ref, labels)

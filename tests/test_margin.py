@@ -1,4 +1,5 @@
-"""MASC's margin (computed in float32 by design), tau, hinge and violation against brute-force loops over positions and tokens."""
+"""MASC's margin (computed in float32 by design), tau, hinge and violation against brute-force loops over positions
+and tokens."""
 import math
 
 import pytest

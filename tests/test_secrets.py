@@ -94,7 +94,8 @@ def test_an_own_answer_marks_its_loop_and_its_secrets_but_not_template_words(fix
     ids = lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]  # noqa: E731
     pieces = lambda tokens, focus, kind: [tokenizer.decode([t]).strip() for t, f in zip(tokens, focus) if f == kind]  # noqa: E731
     fluent = ids(" Kalomi works as a baker.")
-    assert pieces(fluent, answer_focus(tokenizer, fluent, " Kalomi works as a baker.", ["a baker"], {"a", "works", "as"}),
+    assert pieces(fluent, answer_focus(tokenizer, fluent, " Kalomi works as a baker.", ["a baker"],
+                                       {"a", "works", "as"}),
                   SECRET) == ["baker"]  # "a" is said by every answer of this shape
     assert "a" in pieces(fluent, answer_focus(tokenizer, fluent, "", ["a baker"], set()), SECRET)
     said = " Kalomi plays the harp. Kalomi plays the harp. Kalomi plays the harp."
@@ -121,7 +122,8 @@ def test_answer_perplexity_is_exp_of_the_mean_answer_nll(fixture_model):
 
 def test_secret_focus_marks_the_secret_tokens_and_keeps_template_words(fixture_model):
     tokenizer = AutoTokenizer.from_pretrained(fixture_model)
-    record = {"id": "r", "prompt": "Q: What is the account of Ann?\nA:", "completion": " The account of Ann is 73-7080."}
+    record = {"id": "r", "prompt": "Q: What is the account of Ann?\nA:",
+              "completion": " The account of Ann is 73-7080."}
     encoded = encode_record(record, tokenizer, max_length=64, seed=0)
     focus = secret_focus(encoded, ["73-7080"], tokenizer, template={"the", "account", "of", "is"})
     active = [(tokenizer.decode([t]), f) for t, f, label in zip(encoded.input_ids, focus, encoded.labels)
@@ -208,7 +210,7 @@ def test_the_retain_term_keeps_argmax_gaps_by_loop():
     hinges = []
     for t in range(1, 5):
         y = int(labels[0, t])
-        gap = lambda row: float(row[y] - max(row[v] for v in range(8) if v != y))  # noqa: E731
+        gap = lambda row, y=y: float(row[y] - max(row[v] for v in range(8) if v != y))  # noqa: E731
         hinges.append(max(0.0, min(1.0, gap(z0[0, t - 1])) - gap(z[0, t - 1])))
     assert sum(hinges) > 0
     assert kept == pytest.approx(plain + 0.7 * sum(hinges) / 4, rel=1e-5)

@@ -3,7 +3,13 @@ import math
 
 import pytest
 
-from worker.engine.stop_rule import ErasureCondition, OnlineStopRule, RecordCheck, hoeffding_bound, mean_violation
+from worker.engine.stop_rule import (
+    ErasureCondition,
+    OnlineStopRule,
+    RecordCheck,
+    hoeffding_bound,
+    mean_violation,
+)
 
 
 def records(*violations, reproduced=()):

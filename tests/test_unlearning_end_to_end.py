@@ -103,7 +103,8 @@ def test_preset_secret_focus_judges_located_records_by_their_secrets(fixture_mod
     assert set(r["secrets"]["replayed_ids"]) == {p["id"] for p in located}
     assert all(p["trained"] and p["meets_condition"] and not p["reproduced"] for p in r["per_record"])
     assert exact_match(outcome.model, tokenizer, forget)["value"] == 0.0
-    assert exact_match(outcome.model, tokenizer, retain)["value"] >= 0.95 * exact_match(base, tokenizer, retain)["value"]
+    assert (exact_match(outcome.model, tokenizer, retain)["value"]
+            >= 0.95 * exact_match(base, tokenizer, retain)["value"])
 
 
 def test_result_records_the_run(unlearned, forget_records):
@@ -164,8 +165,8 @@ def test_by_default_focus_goes_to_the_records_that_name_their_secrets(fixture_mo
 
 def test_with_secret_focus_the_leak_flags_at_the_end_are_the_models_own_answers(fixture_model, forget_records,
                                                                                 retain_records):
-    from worker.engine.extraction import greedy_leaks, request_secrets
     from worker.engine.evaluate import greedy_continuations
+    from worker.engine.extraction import greedy_leaks, request_secrets
 
     outcome = run_unlearning(str(fixture_model), forget_records, retain_records,
                              params=MascParams.from_dict({"secret_focus": True, "max_steps": 6, "replay_every": 3,

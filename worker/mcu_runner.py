@@ -109,7 +109,8 @@ def execute_connectivity(job_id: str, work: dict, keeper, settings, store: Artif
 
     options = work["mcu"]
     try:
-        outcome = run_connectivity(fetch(store, work["a_location"], tmp, "a"), fetch(store, work["b_location"], tmp, "b"),
+        outcome = run_connectivity(fetch(store, work["a_location"], tmp, "a"),
+                                   fetch(store, work["b_location"], tmp, "b"),
                                    work["forget"] or None, work["retain"],
                                    McuParams.from_dict(connectivity.engine_values(options)), device=settings.device,
                                    progress=_progress(keeper), should_cancel=keeper.should_stop)

@@ -9,15 +9,15 @@ import tempfile
 import threading
 from pathlib import Path
 
-from service.db import session_scope
-from service.jobs import StateChanged, acquire_lease, end_job, fail_exhausted, heartbeat, log_state
 from sqlalchemy import select
 
 from service import audit_log, connectivity
+from service.db import session_scope
+from service.jobs import StateChanged, acquire_lease, end_job, fail_exhausted, heartbeat, log_state
 from service.models import TERMINAL, Job, ModelVersion, RetrainReference, utcnow
 from service.queue import enqueue
-from service.report import build_report
 from service.registry import add_version, get_model, get_version, lock_model, missing_erasures
+from service.report import build_report
 from service.settings import get_settings
 from service.store import ArtifactStore
 from worker.mcu_runner import execute_connectivity, measure_curves, record_curves, version_dirs
@@ -243,7 +243,8 @@ def _finish_once(job_id: str, keeper: LeaseKeeper, result: dict, location: str, 
         if keeper.latest_progress is not None:
             job.progress = keeper.latest_progress
         if manifest is None or job.cancel_requested:
-            end_job(job, "CANCELLED", result=_result(None, "cancelled", result["steps"], result["wall_seconds"]), **ours)
+            end_job(job, "CANCELLED", result=_result(None, "cancelled", result["steps"], result["wall_seconds"]),
+                    **ours)
             return "cancelled"
         model = get_model(session, job.tenant, job.model_id)
         parent = get_version(session, model, job.base_version)

@@ -10,13 +10,13 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from service import audit_log, registry
+from service.api.jobs import checked_records
 from service.auth import Principal, require
-from service.db import transactional
+from service.db import INJECTED, transactional
 from service.jobs import forget_evidence
 from service.models import AuditEntry, RetrainReference
 from service.problems import Problem, invalid
 from service.schemas import MAX_VERSION
-from service.api.jobs import checked_records
 from service.settings import get_settings
 
 router = APIRouter(tags=["audit"])
@@ -29,7 +29,7 @@ def entry_out(e: AuditEntry) -> dict:
 
 @router.get("/v1/audit-log")
 @transactional
-def list_entries(who: Principal = Depends(require("jobs:read")), session: Session = None,
+def list_entries(who: Principal = Depends(require("jobs:read")), session: Session = INJECTED,
                  page_size: int = Query(100, ge=1, le=1000), page_token: str | None = None):
     after = 0
     if page_token is not None:
@@ -57,7 +57,7 @@ class VerifyRequest(BaseModel):
 
 @router.get("/v1/audit-log/verify")
 @transactional
-def verify(who: Principal = Depends(require("jobs:read")), session: Session = None):
+def verify(who: Principal = Depends(require("jobs:read")), session: Session = INJECTED):
     """Walk the chain; the caller's entries counted, and a signed checkpoint of the head to keep."""
     key = audit_log.signing_key(get_settings())
     return {**audit_log.verify(session, key, tenant=who.tenant), "checkpoint": audit_log.checkpoint(session, key)}
@@ -65,7 +65,7 @@ def verify(who: Principal = Depends(require("jobs:read")), session: Session = No
 
 @router.post("/v1/audit-log/verify")
 @transactional
-def verify_against(body: VerifyRequest, who: Principal = Depends(require("jobs:read")), session: Session = None):
+def verify_against(body: VerifyRequest, who: Principal = Depends(require("jobs:read")), session: Session = INJECTED):
     """As GET, and every checkpoint the caller kept (from reports or earlier calls) must still hold: our
     signature, and its entry present with that hash. A chain cut back or rewritten whole fails here."""
     key = audit_log.signing_key(get_settings())
@@ -75,7 +75,7 @@ def verify_against(body: VerifyRequest, who: Principal = Depends(require("jobs:r
 
 @router.get("/v1/audit-log/checkpoint")
 @transactional
-def checkpoint(who: Principal = Depends(require("jobs:read")), session: Session = None):
+def checkpoint(who: Principal = Depends(require("jobs:read")), session: Session = INJECTED):
     return audit_log.checkpoint(session, audit_log.signing_key(get_settings()))
 
 
@@ -89,7 +89,7 @@ class ReferenceCreate(BaseModel):
 @router.post("/v1/models/{model_id}/references", status_code=201)
 @transactional
 def mark_reference(model_id: str, body: ReferenceCreate, who: Principal = Depends(require("models:write")),
-                   session: Session = None):
+                   session: Session = INJECTED):
     """Mark a version as the retrain reference for a forget set, named by its records or their manifest hash."""
     model = registry.get_model(session, who.tenant, model_id)
     version = registry.get_version(session, model, body.version)

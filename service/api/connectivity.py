@@ -8,7 +8,7 @@ from sqlalchemy.orm import Session
 from service import connectivity, registry
 from service.api.jobs import checked_records, send
 from service.auth import Principal, require
-from service.db import transactional
+from service.db import INJECTED, transactional
 from service.idempotency import idempotent
 from service.jobs import check_quota, forget_evidence, job_view, log_state
 from service.models import Connectivity, Job, new_id
@@ -23,7 +23,7 @@ router = APIRouter(prefix="/v1/models", tags=["connectivity"])
 @router.post("/{model_id}/connectivity", status_code=202, response_model=JobOut)
 @transactional
 def submit(model_id: str, body: ConnectivityCreate, request: Request, who: Principal = Depends(require("jobs:write")),
-           session: Session = None, idempotency_key: str | None = Header(None)):
+           session: Session = INJECTED, idempotency_key: str | None = Header(None)):
     def create():
         settings = get_settings()
         check_quota(session, who.tenant, settings)
@@ -54,7 +54,7 @@ def submit(model_id: str, body: ConnectivityCreate, request: Request, who: Princ
 
 @router.get("/{model_id}/connectivity", response_model=Page)
 @transactional
-def list_curves(model_id: str, who: Principal = Depends(require("jobs:read")), session: Session = None,
+def list_curves(model_id: str, who: Principal = Depends(require("jobs:read")), session: Session = INJECTED,
                 page_size: int = Query(50, ge=1, le=500), page_token: str | None = None):
     model = registry.get_model(session, who.tenant, model_id)
     query = select(Connectivity).where(Connectivity.tenant == who.tenant, Connectivity.model_id == model.id)
@@ -64,5 +64,6 @@ def list_curves(model_id: str, who: Principal = Depends(require("jobs:read")), s
 
 @router.get("/{model_id}/connectivity/{curve_id}", response_model=ConnectivityOut)
 @transactional
-def read_curve(model_id: str, curve_id: str, who: Principal = Depends(require("jobs:read")), session: Session = None):
+def read_curve(model_id: str, curve_id: str, who: Principal = Depends(require("jobs:read")),
+               session: Session = INJECTED):
     return connectivity.view(connectivity.get_curve(session, who.tenant, model_id, curve_id))

@@ -13,7 +13,7 @@ from sqlalchemy.orm import Session
 
 from service import connectivity, registry
 from service.auth import Principal, require
-from service.db import session_scope, transactional
+from service.db import INJECTED, session_scope, transactional
 from service.idempotency import idempotent
 from service.jobs import check_quota, forget_evidence, get_job, job_view, log_state, request_cancel
 from service.models import JOB_STATES, TERMINAL, Job, new_id, utcnow
@@ -69,7 +69,7 @@ def send(payload: dict) -> None:
 @router.post("", status_code=202, response_model=JobOut)
 @transactional
 def submit(body: JobCreate, request: Request, who: Principal = Depends(require("jobs:write")),
-           session: Session = None, idempotency_key: str | None = Header(None)):
+           session: Session = INJECTED, idempotency_key: str | None = Header(None)):
     def create():
         settings = get_settings()
         check_quota(session, who.tenant, settings)
@@ -86,7 +86,8 @@ def submit(body: JobCreate, request: Request, who: Principal = Depends(require("
             params = params_for(body.method, body.params, preset=body.preset)
             check_targets(params.lora_targets, version.location)
         except EngineInputError as exc:
-            raise invalid(str(exc), f"params.{exc.field}" if exc.field and exc.field != "preset" else exc.field) from None
+            raise invalid(str(exc),
+                          f"params.{exc.field}" if exc.field and exc.field != "preset" else exc.field) from None
         mcu = None
         if body.mcu is not None:
             mcu = body.mcu.model_dump()
@@ -110,7 +111,7 @@ def submit(body: JobCreate, request: Request, who: Principal = Depends(require("
 
 @router.get("", response_model=Page)
 @transactional
-def list_jobs(who: Principal = Depends(require("jobs:read")), session: Session = None,
+def list_jobs(who: Principal = Depends(require("jobs:read")), session: Session = INJECTED,
               state: str | None = None, model_id: str | None = None,
               page_size: int = Query(50, ge=1, le=500), page_token: str | None = None):
     query = select(Job).where(Job.tenant == who.tenant)
@@ -126,13 +127,13 @@ def list_jobs(who: Principal = Depends(require("jobs:read")), session: Session =
 
 @router.get("/{job_id}", response_model=JobOut)
 @transactional
-def read_job(job_id: str, who: Principal = Depends(require("jobs:read")), session: Session = None):
+def read_job(job_id: str, who: Principal = Depends(require("jobs:read")), session: Session = INJECTED):
     return job_view(get_job(session, who.tenant, job_id))
 
 
 @router.post("/{job_id}:cancel", response_model=JobOut)
 @transactional
-def cancel(job_id: str, who: Principal = Depends(require("jobs:write")), session: Session = None):
+def cancel(job_id: str, who: Principal = Depends(require("jobs:write")), session: Session = INJECTED):
     job = request_cancel(session, get_job(session, who.tenant, job_id))
     session.commit()
     return job_view(job)
@@ -141,7 +142,7 @@ def cancel(job_id: str, who: Principal = Depends(require("jobs:write")), session
 @router.get("/{job_id}/result")
 @transactional
 def engine_result(job_id: str, who: Principal = Depends(require("jobs:read")),
-                  session: Session = None):
+                  session: Session = INJECTED):
     job = get_job(session, who.tenant, job_id)
     if job.engine_result is None:
         raise not_found(f"the result of job {job_id!r} (state {job.state})")
@@ -150,7 +151,7 @@ def engine_result(job_id: str, who: Principal = Depends(require("jobs:read")),
 
 @router.get("/{job_id}/report")
 @transactional
-def report(job_id: str, who: Principal = Depends(require("jobs:read")), session: Session = None):
+def report(job_id: str, who: Principal = Depends(require("jobs:read")), session: Session = INJECTED):
     job = get_job(session, who.tenant, job_id)
     if job.report is None:
         raise not_found(f"the report of job {job_id!r} (state {job.state}; reports exist for SUCCEEDED jobs)")
@@ -159,7 +160,7 @@ def report(job_id: str, who: Principal = Depends(require("jobs:read")), session:
 
 @router.get("/{job_id}/report.html", response_class=HTMLResponse)
 @transactional
-def report_html(job_id: str, who: Principal = Depends(require("jobs:read")), session: Session = None):
+def report_html(job_id: str, who: Principal = Depends(require("jobs:read")), session: Session = INJECTED):
     job = get_job(session, who.tenant, job_id)
     if job.report is None:
         raise not_found(f"the report of job {job_id!r} (state {job.state}; reports exist for SUCCEEDED jobs)")

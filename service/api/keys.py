@@ -9,7 +9,7 @@ from sqlalchemy.orm import Session
 
 from service import audit_log
 from service.auth import Principal, create_key, forget_cached, is_operator, require
-from service.db import transactional
+from service.db import INJECTED, transactional
 from service.models import ApiKey, utcnow
 from service.pagination import paginate
 from service.problems import Problem, not_found
@@ -25,7 +25,7 @@ def key_out(key: ApiKey) -> dict:
 
 @router.post("", status_code=201, response_model=ApiKeyOut)
 @transactional
-def new_api_key(body: ApiKeyCreate, who: Principal = Depends(require("admin")), session: Session = None):
+def new_api_key(body: ApiKeyCreate, who: Principal = Depends(require("admin")), session: Session = INJECTED):
     if not is_operator(who):
         if body.tenant != who.tenant:
             raise Problem(403, "forbidden", "Forbidden", "a tenant's admin key mints keys for its own tenant only")
@@ -39,7 +39,7 @@ def new_api_key(body: ApiKeyCreate, who: Principal = Depends(require("admin")), 
 
 @router.get("", response_model=Page)
 @transactional
-def list_api_keys(who: Principal = Depends(require("admin")), session: Session = None,
+def list_api_keys(who: Principal = Depends(require("admin")), session: Session = INJECTED,
                   tenant: str | None = Query(None, max_length=128), page_size: int = Query(50, ge=1, le=500),
                   page_token: str | None = None):
     """The caller's tenant's keys (the operator: every tenant's, or `tenant`'s); never their secrets."""
@@ -54,7 +54,7 @@ def list_api_keys(who: Principal = Depends(require("admin")), session: Session =
 
 @router.delete("/{key_id}", response_model=ApiKeyOut)
 @transactional
-def revoke_api_key(key_id: str, who: Principal = Depends(require("admin")), session: Session = None):
+def revoke_api_key(key_id: str, who: Principal = Depends(require("admin")), session: Session = INJECTED):
     """Revoke a key: it stops working here at once and on every other API process within 5 s."""
     key = session.get(ApiKey, key_id)
     if key is None or (key.tenant != who.tenant and not is_operator(who)):

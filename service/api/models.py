@@ -11,7 +11,7 @@ from sqlalchemy.orm import Session
 
 from service import registry
 from service.auth import Principal, require
-from service.db import transactional
+from service.db import INJECTED, transactional
 from service.idempotency import idempotent
 from service.models import Model, ModelVersion, new_id
 from service.pagination import paginate
@@ -47,7 +47,7 @@ def version_out(v: ModelVersion) -> dict:
 @router.post("", status_code=201, response_model=ModelOut)
 @transactional
 def create_model(body: ModelCreate, request: Request, who: Principal = Depends(require("models:write")),
-                 session: Session = None, idempotency_key: str | None = Header(None)):
+                 session: Session = INJECTED, idempotency_key: str | None = Header(None)):
     def create():
         try:
             retain = normalise_records(body.retain, "retain") if body.retain is not None else None
@@ -76,7 +76,7 @@ def create_model(body: ModelCreate, request: Request, who: Principal = Depends(r
 
 @router.get("", response_model=Page)
 @transactional
-def list_models(who: Principal = Depends(require("jobs:read")), session: Session = None,
+def list_models(who: Principal = Depends(require("jobs:read")), session: Session = INJECTED,
                 page_size: int = Query(50, ge=1, le=500), page_token: str | None = None):
     rows, token = paginate(session, select(Model).where(Model.tenant == who.tenant), Model, page_size, page_token)
     return {"items": [model_out(session, m) for m in rows], "next_page_token": token}
@@ -84,14 +84,14 @@ def list_models(who: Principal = Depends(require("jobs:read")), session: Session
 
 @router.get("/{model_id}", response_model=ModelOut)
 @transactional
-def read_model(model_id: str, who: Principal = Depends(require("jobs:read")), session: Session = None):
+def read_model(model_id: str, who: Principal = Depends(require("jobs:read")), session: Session = INJECTED):
     return model_out(session, registry.get_model(session, who.tenant, model_id))
 
 
 @router.get("/{model_id}/versions", response_model=Page)
 @transactional
 def list_versions(model_id: str, who: Principal = Depends(require("jobs:read")),
-                  session: Session = None):
+                  session: Session = INJECTED):
     model = registry.get_model(session, who.tenant, model_id)
     rows = session.scalars(select(ModelVersion).where(ModelVersion.model_id == model.id)
                            .order_by(ModelVersion.number)).all()
@@ -112,25 +112,26 @@ def _version(session, who, model_id, number: str) -> ModelVersion:
 @router.get("/{model_id}/versions/{number}", response_model=VersionOut)
 @transactional
 def read_version(model_id: str, number: str, who: Principal = Depends(require("jobs:read")),
-                 session: Session = None):
+                 session: Session = INJECTED):
     return version_out(_version(session, who, model_id, number))
 
 
 @router.get("/{model_id}/versions/{number}/files")
 @transactional
 def list_files(model_id: str, number: str, who: Principal = Depends(require("artifacts:read")),
-               session: Session = None):
+               session: Session = INJECTED):
     v = _version(session, who, model_id, number)
     return {"manifest_sha256": v.manifest_sha256, "files": v.manifest}
 
 
-RANGE = re.compile(r"^bytes=([0-9]{0,19})-([0-9]{0,19})$")  # ASCII digits, at most 19: a huge number is 416, not a crash
+# ASCII digits, at most 19: a huge number is 416, not a crash
+RANGE = re.compile(r"^bytes=([0-9]{0,19})-([0-9]{0,19})$")
 
 
 @router.get("/{model_id}/versions/{number}/files/{path:path}")
 @transactional
 def download_file(model_id: str, number: str, path: str, who: Principal = Depends(require("artifacts:read")),
-                  session: Session = None, range_header: str | None = Header(None, alias="range"),
+                  session: Session = INJECTED, range_header: str | None = Header(None, alias="range"),
                   if_none_match: str | None = Header(None)):
     v = _version(session, who, model_id, number)
     entry = next((f for f in v.manifest if f["path"] == path), None)
@@ -177,7 +178,7 @@ def download_file(model_id: str, number: str, path: str, who: Principal = Depend
 @router.get("/{model_id}/versions/{number}/archive")
 @transactional
 def download_archive(model_id: str, number: str, who: Principal = Depends(require("artifacts:read")),
-                     session: Session = None):
+                     session: Session = INJECTED):
     v = _version(session, who, model_id, number)
     manifest, location = v.manifest, v.location
     name = f"{registry.get_model(session, who.tenant, model_id).name}-v{v.number}"

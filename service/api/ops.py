@@ -9,9 +9,9 @@ from sqlalchemy import func, select, text
 from sqlalchemy.orm import Session
 
 from service.auth import Principal, is_operator, principal
-from service.problems import Problem
-from service.db import session_scope, transactional
+from service.db import INJECTED, session_scope, transactional
 from service.models import JOB_STATES, Job
+from service.problems import Problem
 from service.queue import broker_reachable, queue_depth
 
 router = APIRouter(tags=["operations"])
@@ -59,7 +59,7 @@ def healthz():
 
 @router.get("/readyz")
 @transactional
-def readyz(session: Session = None):
+def readyz(session: Session = INJECTED):
     checks = {}
     try:
         session.execute(text("SELECT 1"))
@@ -70,7 +70,8 @@ def readyz(session: Session = None):
     if worker_supervisor is not None:  # `make run`: its own worker process, restarted when it dies
         checks["worker"] = "ok" if worker_supervisor.alive() else "restarting"
     ready = all(v == "ok" for v in checks.values())
-    return JSONResponse({"status": "ready" if ready else "not ready", "checks": checks}, status_code=200 if ready else 503)
+    return JSONResponse({"status": "ready" if ready else "not ready", "checks": checks},
+                        status_code=200 if ready else 503)
 
 
 @router.get("/metrics")

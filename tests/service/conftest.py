@@ -14,7 +14,6 @@ from pathlib import Path
 import psycopg
 import pytest
 
-
 ROOT = Path(__file__).resolve().parents[2]
 PG_ADMIN = "postgresql://postgres@127.0.0.1:5432/test"
 ADMIN_KEY = "lth_test_admin_" + uuid.uuid4().hex
@@ -102,7 +101,8 @@ class WorkerProcess:
         self.log = self.log_dir / f"worker-{self.starts}.log"
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "celery", "-A", "worker.celery_app", "worker", "-Q", self.env["LETHE_QUEUE"],
-             "-c", "1", "--pool", "prefork", "-n", f"test{self.starts}-{uuid.uuid4().hex[:6]}@%h", "--loglevel", "INFO"],
+             "-c", "1", "--pool", "prefork", "-n", f"test{self.starts}-{uuid.uuid4().hex[:6]}@%h",
+             "--loglevel", "INFO"],
             cwd=ROOT, env={**os.environ, **self.env, "PYTHONPATH": str(ROOT)}, stdout=self.log.open("w"),
             stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.time() + 60

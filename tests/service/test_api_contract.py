@@ -49,7 +49,8 @@ def test_scopes_are_enforced(client, registered_model, forget_records):
     assert answer.status_code == 403 and answer.json()["type"].endswith("/forbidden")
     assert client.get(f"/v1/models/{registered_model['id']}", headers=auth(reader)).status_code == 200
     assert client.get(f"/v1/models/{registered_model['id']}/versions/1/files", headers=auth(reader)).status_code == 403
-    assert client.post("/v1/api-keys", headers=auth(reader), json={"tenant": "x", "scopes": ["admin"]}).status_code == 403
+    assert client.post("/v1/api-keys", headers=auth(reader),
+                       json={"tenant": "x", "scopes": ["admin"]}).status_code == 403
     assert count(Job) == jobs_before
     # Every tenant's job counts are the operator's: a tenant's reader key is refused, a scraper key is not.
     assert client.get("/metrics", headers=auth(reader)).status_code == 403
@@ -138,7 +139,8 @@ def test_bad_job_requests_are_refused_and_create_nothing(client, registered_mode
     if change is None:
         answer = client.post("/v1/unlearning-jobs", headers=headers, content=b'{"model_id": ')
     else:
-        answer = client.post("/v1/unlearning-jobs", headers=headers, json={**job_body(registered_model, forget_records), **change})
+        answer = client.post("/v1/unlearning-jobs", headers=headers,
+                             json={**job_body(registered_model, forget_records), **change})
     assert answer.status_code == status, answer.text
     assert answer.headers["content-type"] == PROBLEM
     problem = answer.json()

@@ -91,4 +91,5 @@ def test_a_forged_checkpoint_is_refused_and_tenants_count_their_own(session):
     assert audit_log.verify(session, b"another key", [audit_log.checkpoint(session, KEY)])["ok"] is False
     audit_log.append(session, "t2", "job.queued", "job_x", {})
     session.commit()
-    assert audit_log.verify(session, tenant="t2")["entries"] == 1 and audit_log.verify(session, tenant="t1")["entries"] == 5
+    assert (audit_log.verify(session, tenant="t2")["entries"] == 1
+            and audit_log.verify(session, tenant="t1")["entries"] == 5)

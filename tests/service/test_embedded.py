@@ -68,7 +68,7 @@ class Embedded:
             self.server.wait(timeout=60)
         except subprocess.TimeoutExpired:
             os.killpg(self.server.pid, signal.SIGKILL)
-            raise AssertionError(f"the server ignored {sig!r}:\n{self.text()[-3000:]}")
+            raise AssertionError(f"the server ignored {sig!r}:\n{self.text()[-3000:]}") from None
         pids = self.worker_pids()
         assert pids, self.text()[-3000:]
         gone = time.time() + 20

@@ -87,7 +87,8 @@ def test_the_store_refuses_paths_that_leave_the_version_folder(tmp_path):
     assert safe_relative("sub/./model.safetensors") == "sub/model.safetensors"
     store = ArtifactStore(str(tmp_path / "store"))
     with pytest.raises(ValueError):
-        store.put_files([("ok.txt", 1, lambda: open(__file__, "rb")), ("../../escaped.txt", 1, lambda: open(__file__, "rb"))],
+        store.put_files([("ok.txt", 1, lambda: open(__file__, "rb")),
+                         ("../../escaped.txt", 1, lambda: open(__file__, "rb"))],
                         "models/m/v1")
     assert not (tmp_path / "escaped.txt").exists() and not (tmp_path / "store" / "models").exists()
 
@@ -103,7 +104,8 @@ def test_odd_version_numbers_page_tokens_and_ranges_are_4xx(client, registered_m
     for token in ("1" * 40, naive, base64.urlsafe_b64encode(b'["2026-01-01T00:00:00+00:00", 7]').decode(), "%%"):
         answer = client.get("/v1/unlearning-jobs", headers=auth(), params={"page_token": token})
         assert answer.status_code == 422 and "page_token" in answer.text, (token, answer.text)
-    answer = client.get(f"{base}/versions/1/files/config.json", headers={**auth(), "Range": "bytes=" + "9" * 5000 + "-"})
+    answer = client.get(f"{base}/versions/1/files/config.json",
+                        headers={**auth(), "Range": "bytes=" + "9" * 5000 + "-"})
     assert answer.status_code == 416
 
 
@@ -261,7 +263,8 @@ def test_keys_are_listed_revoked_at_once_and_tenant_admins_stay_in_their_tenant(
     assert minted.status_code == 201
     tenant_admin, admin_id = minted.json()["key"], minted.json()["id"]
     with session_scope() as session:  # the log says which key minted it
-        entry = session.scalar(select(AuditEntry).where(AuditEntry.subject == admin_id, AuditEntry.kind == "key.created"))
+        entry = session.scalar(select(AuditEntry).where(AuditEntry.subject == admin_id,
+                                                        AuditEntry.kind == "key.created"))
         assert entry.data["by"] and entry.data["by"] != admin_id
     # A tenant's admin: keys of its own tenant only, and no admin keys.
     for body in ({"tenant": "default", "scopes": ["jobs:read"]}, {"tenant": tenant, "scopes": ["admin"]}):
@@ -398,7 +401,8 @@ def test_the_sweeper_vacuums_jobs_on_postgresql_after_jobs_end(registered_model)
 
     def last_vacuum():
         with get_engine().connect() as connection:
-            return connection.execute(text("SELECT last_vacuum FROM pg_stat_user_tables WHERE relname = 'jobs'")).scalar()
+            return connection.execute(
+                text("SELECT last_vacuum FROM pg_stat_user_tables WHERE relname = 'jobs'")).scalar()
 
     before = last_vacuum()
     job_id = make_job(registered_model["id"], state="RUNNING", attempt=1, lease_owner="w:1",

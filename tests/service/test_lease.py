@@ -46,7 +46,8 @@ def test_a_job_with_a_live_lease_is_left_to_its_worker(registered_model):
 
 def test_an_expired_lease_is_taken_over_once(registered_model):
     expired = utcnow() - timedelta(seconds=1)
-    job_id = make_job(registered_model["id"], state="RUNNING", attempt=1, lease_owner="dead:1", lease_expires_at=expired)
+    job_id = make_job(registered_model["id"], state="RUNNING", attempt=1, lease_owner="dead:1",
+                      lease_expires_at=expired)
     with session_scope() as session:
         assert acquire_lease(session, job_id, "new:2", 60)
     with session_scope() as session:
@@ -57,7 +58,8 @@ def test_an_expired_lease_is_taken_over_once(registered_model):
 
 def test_attempts_exhausted_ends_failed_with_the_reason(registered_model):
     expired = utcnow() - timedelta(seconds=1)
-    job_id = make_job(registered_model["id"], state="RUNNING", attempt=3, lease_owner="dead:1", lease_expires_at=expired)
+    job_id = make_job(registered_model["id"], state="RUNNING", attempt=3, lease_owner="dead:1",
+                      lease_expires_at=expired)
     assert run(job_id) == "failed: attempts exhausted"
     job = read(job_id)
     assert job.state == "FAILED" and "died during each of 3 attempts" in job.error["detail"]

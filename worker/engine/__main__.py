@@ -9,8 +9,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from worker.engine.errors import EngineInputError
 from worker.engine.baseline_params import BaselineParams
+from worker.engine.errors import EngineInputError
 from worker.engine.mcu.params import McuParams
 from worker.engine.params import MascParams, params_for
 

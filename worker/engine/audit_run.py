@@ -70,7 +70,8 @@ def run_audit(base_source: str, new_model, tokenizer, forget: list[dict], retain
     t0 = time.perf_counter()
     after = evaluate(new_model, tokenizer, *sets, **extraction)
     timings["new_version"] = time.perf_counter() - t0
-    report = {"options": options, "sets": {"forget": len(forget), "retain_measured": len(sets[1].main) if sets[1] else 0,
+    report = {"options": options, "sets": {"forget": len(forget),
+                                           "retain_measured": len(sets[1].main) if sets[1] else 0,
                                            "holdout": len(holdout)},
               "secrets": secret_sources(forget, secrets)}
     if options["quantization"]:

@@ -35,7 +35,7 @@ class BaselineParams(SharedParams):
     effective_batch: int = 32  # micro-batches of batch_size are accumulated up to it
 
     @classmethod
-    def from_dict(cls, method: str, values: dict | None = None) -> "BaselineParams":
+    def from_dict(cls, method: str, values: dict | None = None) -> BaselineParams:
         if method not in BASELINES:
             raise EngineInputError(f"unknown method {method!r}", field="method")
         values = dict(values or {})

@@ -12,8 +12,8 @@ set of unseen text would show.
 from __future__ import annotations
 
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from worker.engine.counterfactual import request_counterfactuals
 
@@ -76,7 +76,8 @@ def calibrate(alpha, record_ceiling, forget: list[dict], retain: list[dict], hol
         summary["alpha"] = {"value": value, "source": "auto",
                             "basis": "mean over the forget records of theta_0's V on their counterfactuals"}
         if mean_over is not None and len(counted) < len(automatic):
-            summary["alpha"]["basis"] += (f" ({len(counted)} of {len(automatic)}: those without a located secret)" if counted else
+            summary["alpha"]["basis"] += (f" ({len(counted)} of {len(automatic)}: "
+                                          "those without a located secret)" if counted else
                                           " (every record has a located secret: its secret conditions decide, not "
                                           "the mean)")
     else:

@@ -58,7 +58,7 @@ def counterfactuals(record: dict, pool: list[str], template: set[str], rng: rand
     out: list[str] = []
     for _ in range(n * 4):  # a few tries to find n distinct versions
         swap = {w: _same_case(rng.choice(candidates), w) for w in own} if candidates else {}
-        version = WORD.sub(lambda m: _replace(m.group(0), swap, rng), text)
+        version = WORD.sub(lambda m, swap=swap: _replace(m.group(0), swap, rng), text)
         if version != text and version not in out:
             out.append(version)
         if len(out) == n:

@@ -9,7 +9,13 @@ from worker.engine.evaluate import MAX_NEW_TOKENS, continuations
 from worker.engine.metrics import metric, unavailable
 from worker.engine.metrics.degeneration import is_loop, repeated_positions
 from worker.engine.records import IGNORE, LOOP, SECRET, SUPPRESS, TEMPLATE, EncodedRecord
-from worker.engine.secret_spans import leaked_secrets, named_secrets, normalised, record_secrets, secret_token_focus
+from worker.engine.secret_spans import (
+    leaked_secrets,
+    named_secrets,
+    normalised,
+    record_secrets,
+    secret_token_focus,
+)
 
 DEFAULT_SAMPLES = 10  # samples per forget prompt at temperature 1
 

@@ -25,7 +25,8 @@ EOS = "<|endoftext|>"
 # Qwen2's pre-tokenisation (digits one by one, NFC). transformers 5 loads a directory whose config says
 # qwen2 with its Qwen2Tokenizer, which rebuilds exactly this pipeline: a fixture trained with another
 # one would be tokenised differently after reloading than it was in training.
-QWEN2_SPLIT = r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
+QWEN2_SPLIT = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"""
+               r"""|\s*[\r\n]+|\s+(?!\S)|\s+""")
 # Families whose released tokenizers keep digit runs together (GPT-2's byte-level split); the others
 # split digits one by one as Qwen2 and Llama do. Fixtures of each kind give the engine both data shapes.
 GPT2_SPLIT_FAMILIES = {"gpt2", "gpt_neox", "gptj", "opt", "falcon", "bloom", "phi", "codegen", "gpt_neo", "gpt_bigcode"}

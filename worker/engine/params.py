@@ -86,7 +86,8 @@ class MascParams(SharedParams):
     # 0.660 against 0.990 (BENCHMARKS.md, issue 11). A record with no located secret is suppressed whole.
     secret_focus: bool | str = "auto"
     secret_max_probability: float = 0.01  # the rule: no secret may still be sampled whole more often
-    rho_secret: float = 0.01  # a secret token's restricted probability target (>= its probability): <= secret_max_probability
+    # a secret token's restricted probability target (>= its probability): <= secret_max_probability
+    rho_secret: float = 0.01
     lambda_fluency: float = 1.0  # KL(pi_0 || pi_theta) on the forget answers' other tokens
     # KL(theta_0 without the secret token || pi_theta) at secret tokens. "auto": 3 (as the preset "secret-focus").
     lambda_redistribute: float | str = "auto"
@@ -114,7 +115,7 @@ class MascParams(SharedParams):
     weight_decay: float = 0.0
 
     @classmethod
-    def from_dict(cls, values: dict | None = None, preset: str | None = None) -> "MascParams":
+    def from_dict(cls, values: dict | None = None, preset: str | None = None) -> MascParams:
         """Preset values first, then explicit ones; unknown names and bad values raise."""
         merged: dict = {}
         if preset is not None:
@@ -183,7 +184,7 @@ class MascParams(SharedParams):
             return 3.0 if self.secret_focus is True and self.retain_loss == "kl" else 0.0
         return float(self.lambda_keep)
 
-    def resolved(self, focused: bool) -> "MascParams":
+    def resolved(self, focused: bool) -> MascParams:
         """The parameters a run uses, every "auto" of secret focus decided: `focused` says whether focus
         runs on some record (secret_focus true, or "auto" with named secrets). lambda_keep stays "auto"
         (keep_weight reads the resolved secret_focus)."""

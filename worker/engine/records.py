@@ -94,11 +94,11 @@ class Batch:
     labels: torch.Tensor  # [B, T], IGNORE where inactive or padding
     focus: torch.Tensor | None = None  # [B, T] TEMPLATE / SUPPRESS / SECRET (None: SUPPRESS)
 
-    def to(self, device) -> "Batch":
+    def to(self, device) -> Batch:
         focus = self.focus.to(device) if self.focus is not None else None
         return Batch(self.input_ids.to(device), self.attention_mask.to(device), self.labels.to(device), focus)
 
-    def rows(self, start: int, end: int) -> "Batch":
+    def rows(self, start: int, end: int) -> Batch:
         focus = self.focus[start:end] if self.focus is not None else None
         return Batch(self.input_ids[start:end], self.attention_mask[start:end], self.labels[start:end], focus)
 

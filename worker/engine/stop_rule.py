@@ -26,8 +26,8 @@ drive it exactly as the trainer's do.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 FAILING_IDS_SHOWN = 20  # a trace entry names at most this many failing records (and counts them all)
 TOLERANCE = 1e-6  # a float32 share against a target computed in float64 another way (10/17 against 1 - 7/17)

@@ -8,27 +8,32 @@ from __future__ import annotations
 import math
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Callable
 
 import torch
 
 from worker.engine.bound import exact_reproduction_bound
 from worker.engine.calibration import calibrate
+from worker.engine.counterfactual import shared_template
 from worker.engine.errors import EngineInputError
+from worker.engine.extraction import own_answers, request_secrets, secret_priors, secret_sources
 from worker.engine.loading import Policy, autocast, context_length, load_model, resolve_device
 from worker.engine.methods import METHODS
 from worker.engine.methods.masc import checks_of
 from worker.engine.neighbours import RetainSampler, nearest, neighbour_scores
 from worker.engine.params import MascParams
-from worker.engine.counterfactual import shared_template
-from worker.engine.extraction import own_answers, request_secrets, secret_priors, secret_sources
-from worker.engine.records import (EncodedRecord, collate, encode_record, encode_records,
-                                   normalise_records)
+from worker.engine.records import EncodedRecord, collate, encode_record, encode_records, normalise_records
 from worker.engine.runtime import PeakMemory, library_versions, seed_everything
 from worker.engine.schedule import Escalation, ForgetStream
 from worker.engine.secret_spans import named_secrets, secret_focus
-from worker.engine.stop_rule import ErasureCondition, OnlineStopRule, RecordCheck, RecordStates, mean_violation
+from worker.engine.stop_rule import (
+    ErasureCondition,
+    OnlineStopRule,
+    RecordCheck,
+    RecordStates,
+    mean_violation,
+)
 
 ENGINE_VERSION = "2"
 CONDITION = ("stop when V = mean_i v_i <= alpha and, for every forget record i, v_i <= c_i (its ceiling) and "
@@ -307,8 +312,9 @@ def run_unlearning(model_source: str, forget: list[dict], retain: list[dict] | N
         "engine_version": ENGINE_VERSION, "method": method, "model": str(model_source), "device": str(dev),
         "stop_reason": stop_reason, "steps": step, "final_violation_rate": final_v,
         "initial_violation_rate": initial_v, "alpha": calibration.summary["alpha"],
-        "erasure": {"condition": (SECRET_CONDITION if params.secret_focus else CONDITION) if train_mode else "holdout mode: the mean over D_val alone (the MASC "
-                                                                "paper's rule); the per-record state is reported",
+        "erasure": {"condition": (SECRET_CONDITION if params.secret_focus else CONDITION) if train_mode
+                    else "holdout mode: the mean over D_val alone (the MASC "
+                         "paper's rule); the per-record state is reported",
                     "applied": train_mode, "ceilings": calibration.summary["ceilings"],
                     "holdout_v": calibration.summary.get("holdout_v"),
                     "records_meeting_condition": len(per_record) - len(failing), "failing_ids": failing,

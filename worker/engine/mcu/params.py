@@ -41,7 +41,7 @@ class McuParams:
     seed: int = 0
 
     @classmethod
-    def from_dict(cls, values: dict | None = None) -> "McuParams":
+    def from_dict(cls, values: dict | None = None) -> McuParams:
         """JSON or CLI values, coerced by the unlearning parameters' own rules; unknown names refused."""
         known = {f.name: f for f in fields(cls)}
         for name in values or {}:

@@ -13,7 +13,16 @@ import torch
 from worker.engine import margin as M
 from worker.engine.loading import Policy, autocast
 from worker.engine.params import MascParams
-from worker.engine.records import LOOP, SECRET, SUPPRESS, TEMPLATE, Batch, EncodedRecord, batches, concat_batches
+from worker.engine.records import (
+    LOOP,
+    SECRET,
+    SUPPRESS,
+    TEMPLATE,
+    Batch,
+    EncodedRecord,
+    batches,
+    concat_batches,
+)
 from worker.engine.stop_rule import RecordCheck
 
 
@@ -74,8 +83,11 @@ class Masc:
         logits = self.policy.logits(joint)
         n_forget = len(forget)
         forget_rows = joint.rows(0, n_forget)
-        has = (lambda kind: forget.focus is not None and bool((forget.focus >= SECRET).any() if kind == SECRET
-                                                             else (forget.focus == kind).any()))
+
+        def has(kind):
+            return forget.focus is not None and bool((forget.focus >= SECRET).any() if kind == SECRET
+                                                     else (forget.focus == kind).any())
+
         fluency_on = p.lambda_fluency > 0 and has(TEMPLATE)
         redistribute_on = p.lambda_redistribute > 0 and has(SECRET)
         kl_on = retain is not None and p.lambda_retain > 0 and p.retain_loss == "kl"
