@@ -24,9 +24,11 @@ run: $(STAMP)
 demo: $(STAMP)
 	$(PY) -m service.demo
 
-# ruff: lint rules and import order (pyproject.toml); `make test` runs it first, so CI fails on it.
+# ruff (lint rules, import order) and mypy (service/, worker/engine/), both configured in pyproject.toml;
+# `make test` runs them first, so CI fails on them.
 lint: $(STAMP)
 	$(PY) -m ruff check .
+	$(PY) -m mypy
 
 test: $(STAMP) lint
 	# The report test renders pages in Debian's headless Chromium.

@@ -16,6 +16,7 @@ import json
 import os
 import secrets
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 
 from sqlalchemy import select, text
@@ -91,7 +92,8 @@ def checkpoint(session: Session, key: bytes) -> dict:
     return {"seq": seq, "hash": head, "signature": sign(key, seq, head)}
 
 
-def verify(session: Session, key: bytes | None = None, checkpoints: list[dict] = (), tenant: str | None = None) -> dict:
+def verify(session: Session, key: bytes | None = None, checkpoints: Sequence[dict] = (),
+           tenant: str | None = None) -> dict:
     """Walk the whole chain in order; the first entry whose link or content does not check is named; then
     every checkpoint given must carry our signature and name an entry that is still there with that hash.
     `tenant`: count that tenant's entries only (the walk still covers every link)."""

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+from collections.abc import Iterator
 from contextlib import contextmanager
 from functools import lru_cache
 from pathlib import Path
@@ -47,7 +48,7 @@ def _sessions() -> sessionmaker:
 
 
 @contextmanager
-def session_scope() -> Session:
+def session_scope() -> Iterator[Session]:
     """A session that commits on success and rolls back on error."""
     session = _sessions()()
     try:

@@ -9,11 +9,12 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
+from typing import Any
 
 HOST, PORT = os.environ.get("LETHE_HOST", "127.0.0.1"), int(os.environ.get("LETHE_PORT", "8000"))
 DEMO_PEOPLE, DEMO_FORGET_PEOPLE = 8, 2
 # Small enough to build in seconds on a laptop CPU, large enough to memorise 40 facts.
-DEMO_FIXTURE = dict(seed=0, epochs=300, vocab_size=512, hidden_size=64, layers=2, heads=4)
+DEMO_FIXTURE: dict[str, Any] = dict(seed=0, epochs=300, vocab_size=512, hidden_size=64, layers=2, heads=4)
 
 
 def migrate(database_url: str) -> None:

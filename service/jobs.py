@@ -5,8 +5,9 @@ from __future__ import annotations
 import hashlib
 import json
 from datetime import datetime, timedelta
+from typing import cast
 
-from sqlalchemy import and_, func, or_, select, update
+from sqlalchemy import CursorResult, and_, func, or_, select, update
 from sqlalchemy.orm import Session, object_session
 
 from service import audit_log
@@ -43,7 +44,7 @@ def check_quota(session: Session, tenant: str, settings) -> None:
         rows = session.execute(select(Job.started_at, Job.ended_at).where(
             Job.tenant == tenant, Job.started_at.is_not(None), or_(Job.ended_at.is_(None), Job.ended_at > since))).all()
         now = utcnow()
-        used = sum(((end or now) - max(start, since)).total_seconds() for start, end in rows)
+        used = sum(((end or now) - max(start, since)).total_seconds() for start, end in rows if start is not None)
         if used >= settings.max_worker_seconds_per_day:
             raise Problem(429, "quota-exceeded", "Quota exceeded",
                           f"this tenant's jobs used {used:.0f} worker seconds in the last 24 hours, the most it may "
@@ -69,6 +70,18 @@ def job_view(job: Job) -> dict:
     }
 
 
+def session_of(job: Job) -> Session:
+    session = object_session(job)
+    if session is None:
+        raise RuntimeError(f"job {job.id} is not attached to a session")
+    return session
+
+
+def rowcount(session: Session, statement) -> int:
+    """Rows an UPDATE matched."""
+    return cast(CursorResult, session.execute(statement)).rowcount
+
+
 class StateChanged(Exception):
     """A job's state moved under us (a cancel, a sweeper, another worker): the transition did not happen."""
 
@@ -77,12 +90,12 @@ def transition(job: Job, expected: tuple[str, ...], conditions: tuple = (), **va
     """Compare-and-set: write `values` only while the job is still in one of the `expected` states (its
     own pending changes are flushed first and go or stay with the transaction). Raises StateChanged
     otherwise, so that the caller's transaction rolls back instead of overwriting a newer state."""
-    session = object_session(job)
+    session = session_of(job)
     session.flush()
-    done = session.execute(update(Job).where(Job.id == job.id, Job.state.in_(expected), *conditions)
-                           .values(**values, updated_at=utcnow()).execution_options(synchronize_session=False))
+    done = rowcount(session, update(Job).where(Job.id == job.id, Job.state.in_(expected), *conditions)
+                    .values(**values, updated_at=utcnow()).execution_options(synchronize_session=False))
     session.refresh(job)
-    if not done.rowcount:
+    if not done:
         raise StateChanged(f"job {job.id} is {job.state}, not {' or '.join(expected)}")
 
 
@@ -101,7 +114,7 @@ def end_job(job: Job, state: str, *, error: dict | None = None, result: dict | N
 
 def log_state(job: Job, data: dict | None = None) -> None:
     """Every job state change goes into the audit log, in the transaction that makes it."""
-    audit_log.append(object_session(job), job.tenant, f"job.{job.state.lower()}", job.id,
+    audit_log.append(session_of(job), job.tenant, f"job.{job.state.lower()}", job.id,
                      {"request_id": job.request_id, "model_id": job.model_id, "attempt": job.attempt, **(data or {})})
 
 
@@ -131,7 +144,7 @@ def request_cancel(session: Session, job: Job) -> Job:
 def acquire_lease(session: Session, job_id: str, owner: str, lease_seconds: float) -> bool:
     """Atomically take a QUEUED job, or one whose worker's lease has expired; False: leave it alone."""
     now = utcnow()
-    taken = session.execute(
+    taken = rowcount(session,
         update(Job)
         .where(Job.id == job_id, Job.attempt < Job.max_attempts,
                or_(Job.state == "QUEUED",
@@ -139,15 +152,15 @@ def acquire_lease(session: Session, job_id: str, owner: str, lease_seconds: floa
         .values(state="RUNNING", attempt=Job.attempt + 1, lease_owner=owner,
                 lease_expires_at=now + timedelta(seconds=lease_seconds), heartbeat_at=now, updated_at=now)
         .execution_options(synchronize_session=False))
-    if taken.rowcount:
-        job = session.get(Job, job_id)
+    if taken:
+        job = session.get_one(Job, job_id)
         session.refresh(job)
         if job.started_at is None:
             job.started_at = now
         if job.cancel_requested:  # cancelled while its worker was dead
             job.state = "CANCELLING"
         log_state(job, {"worker": owner})
-    return bool(taken.rowcount)
+    return bool(taken)
 
 
 def fail_exhausted(session: Session, job_id: str) -> bool:
@@ -171,13 +184,14 @@ def fail_exhausted(session: Session, job_id: str) -> bool:
 def heartbeat(session: Session, job_id: str, owner: str, lease_seconds: float, progress: dict | None):
     """Extend the lease and store progress. Returns (still ours, cancel requested)."""
     now = utcnow()
-    values = {"heartbeat_at": now, "lease_expires_at": now + timedelta(seconds=lease_seconds), "updated_at": now}
+    values: dict[str, object] = {"heartbeat_at": now, "lease_expires_at": now + timedelta(seconds=lease_seconds),
+                                 "updated_at": now}
     if progress is not None:
         values["progress"] = progress
-    done = session.execute(update(Job).where(Job.id == job_id, Job.lease_owner == owner,
-                                             Job.state.in_(("RUNNING", "CANCELLING"))).values(**values)
-                           .execution_options(synchronize_session=False))
-    if not done.rowcount:
+    done = rowcount(session, update(Job).where(Job.id == job_id, Job.lease_owner == owner,
+                                               Job.state.in_(("RUNNING", "CANCELLING"))).values(**values)
+                    .execution_options(synchronize_session=False))
+    if not done:
         return False, False
     return True, bool(session.scalar(select(Job.cancel_requested).where(Job.id == job_id)))
 

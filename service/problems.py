@@ -1,6 +1,8 @@
 """RFC 9457 problem+json answers, each with a stable `type` per error kind."""
 from __future__ import annotations
 
+from typing import Any
+
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -35,7 +37,7 @@ def not_found(what: str) -> Problem:
 
 
 def invalid(detail: str, field: str | None = None) -> Problem:
-    extra = {"errors": [{"field": field, "message": detail}]} if field else {}
+    extra: dict[str, Any] = {"errors": [{"field": field, "message": detail}]} if field else {}
     return Problem(422, "invalid-request", "Invalid request", detail, **extra)
 
 

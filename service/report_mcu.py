@@ -6,7 +6,9 @@ from __future__ import annotations
 import json
 
 from service.report import mcu_line
-from service.report_html import _e, _fmt, line_chart
+from service.report_charts import escape as _e
+from service.report_charts import fmt as _fmt
+from service.report_charts import line_chart
 
 
 def curve_section(curve: dict) -> str:
@@ -31,8 +33,8 @@ def curve_section(curve: dict) -> str:
             facts.append(f"suppress-first: verbatim memorisation falls at t = {_fmt(suppress['verbatim']['t'])}, "
                          f"knowledge at t = {_fmt(suppress['knowledge']['t'])}: {suppress['first']} first")
         else:
-            why = [s.get("reason") for s in (suppress.get("verbatim") or {}, suppress.get("knowledge") or {})
-                   if s.get("reason")] or [suppress.get("reason", "not measured")]
+            why = [str(s.get("reason")) for s in (suppress.get("verbatim") or {}, suppress.get("knowledge") or {})
+                   if s.get("reason")] or [str(suppress.get("reason", "not measured"))]
             facts.append("suppress-first: not determined (" + "; ".join(why) + ")")
     ensemble = curve.get("ensemble")
     if ensemble:

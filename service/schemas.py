@@ -62,10 +62,14 @@ class AuditOptions(Strict):
         "Verdict threshold: the largest share of samples that may give a secret back for 'Forgotten'."))
 
 
+def _the_parent() -> list[Literal["parent"] | int]:
+    return ["parent"]
+
+
 class McuRequest(Strict):
     """Mode connectivity as part of an unlearning job (SPEC section 6)."""
     against: list[Literal["parent"] | Annotated[int, Field(ge=1, le=MAX_VERSION)]] = Field(
-        default_factory=lambda: ["parent"], min_length=1, max_length=5)
+        default_factory=_the_parent, min_length=1, max_length=5)
     curve: Literal["linear", "bezier"] = "linear"
     points: int = Field(default=11, ge=3, le=101)
     ensemble: bool = False

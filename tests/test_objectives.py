@@ -5,7 +5,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from worker.engine.methods import objectives as O
+import worker.engine.methods.objectives as O
 from worker.engine.records import IGNORE
 
 # Two sequences over a vocabulary of 4; position t's logits predict labels[t + 1].

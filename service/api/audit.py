@@ -95,8 +95,8 @@ def mark_reference(model_id: str, body: ReferenceCreate, who: Principal = Depend
     version = registry.get_version(session, model, body.version)
     if (body.forget is None) == (body.forget_manifest_sha256 is None):
         raise invalid("give the forget records or their forget_manifest_sha256, not both", "forget")
-    digest = body.forget_manifest_sha256 or forget_evidence(
-        checked_records(body.forget, "forget", get_settings().max_records))["manifest_sha256"]
+    records = checked_records(body.forget, "forget", get_settings().max_records) if body.forget is not None else []
+    digest = body.forget_manifest_sha256 or forget_evidence(records or [])["manifest_sha256"]
     reference = RetrainReference(model_id=model.id, version_number=version.number, forget_manifest_sha256=digest)
     session.add(reference)
     try:

@@ -1,6 +1,8 @@
 """Health, readiness and Prometheus metrics."""
 from __future__ import annotations
 
+from typing import Protocol
+
 from fastapi import APIRouter, Depends
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Histogram, generate_latest
@@ -16,7 +18,11 @@ from service.queue import broker_reachable, queue_depth
 
 router = APIRouter(tags=["operations"])
 # Set by the embedded mode (service.embedded.WorkerSupervisor): /readyz then reports its worker process.
-worker_supervisor = None
+class WorkerWatch(Protocol):
+    def alive(self) -> bool: ...
+
+
+worker_supervisor: WorkerWatch | None = None
 REGISTRY = CollectorRegistry()
 REQUEST_LATENCY = Histogram("lethe_http_request_duration_seconds", "HTTP request latency",
                             ["method", "route", "status"], registry=REGISTRY,

@@ -102,7 +102,7 @@ def evaluate(model, tokenizer, forget: RecordSet, retain: RecordSet | None, hold
     out["forget_truth_ratio_raw"] = ratios
     retain_generated = generation_metrics(model, tokenizer, retain.main, retain.references) \
         if retain is not None and retain.main else None
-    if retain_generated is not None:
+    if retain is not None and retain_generated is not None:
         answers["retain"] = (retain.main, retain_generated)
     out["retain_utility"] = retain_utility(model, tokenizer, retain, retain_generated)
     if secrets is not None:

@@ -139,7 +139,7 @@ def _forget_quality(before: dict, after: dict, reference: dict | None) -> dict:
 def _privleak(after: dict, reference: dict | None, has_holdout: bool) -> dict:
     if not has_holdout:
         return {a: unavailable("no holdout records in the request") for a in ATTACKS}
-    out = {}
+    out: dict[str, dict] = {}
     for attack in ATTACKS:
         auc = muse_auc(after["membership"][attack]["value"])
         ref_auc = muse_auc(reference["membership"][attack]["value"]) if reference else 0.5

@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from worker.engine.errors import EngineInputError
-from worker.engine.params import SharedParams
+from worker.engine.param_base import SharedParams
 
 BASELINES = ("ga", "graddiff", "npo", "npo_kl", "simnpo", "rmu")
 # What SPEC section 4 gives per method; everything else is shared.

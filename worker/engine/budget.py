@@ -17,6 +17,7 @@ from worker.engine.methods.masc import Masc
 from worker.engine.methods.rmu import trainable_modules
 from worker.engine.params import MascParams
 from worker.engine.records import collate
+from worker.engine.run_setup import ENGINE_VERSION, UnlearnOutcome, prepare
 from worker.engine.runtime import library_versions
 
 
@@ -43,8 +44,6 @@ def schedule(warmup_steps: int, total_steps: int):
 
 def run_budget(model_source: str, forget: list[dict], retain: list[dict] | None, *, params, device=None,
                progress=None, should_cancel=None):
-    from worker.engine.unlearn import ENGINE_VERSION, UnlearnOutcome, prepare
-
     run = prepare(model_source, forget, retain, params, device)
     dev, memory, started, tokenizer = run.device, run.memory, run.started, run.tokenizer
     forget_enc, retain_enc = run.forget, run.retain

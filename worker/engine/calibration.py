@@ -56,7 +56,8 @@ def calibrate(alpha, record_ceiling, forget: list[dict], retain: list[dict], hol
         values = violation_of(holdout)
         holdout_v = _mean(values) if values else None
         summary["holdout_v"] = holdout_v
-    automatic, sources = ({}, {})
+    automatic: dict[str, float] = {}
+    sources: dict[str, str] = {}
     if AUTO in (alpha, record_ceiling):
         automatic, sources = _per_record(forget, retain, seed, holdout_v, violation_of)
         for rid, floor in (floors or {}).items():

@@ -9,6 +9,7 @@ from __future__ import annotations
 import random
 import re
 from collections import Counter
+from functools import partial
 
 WORD = re.compile(r"[^\W\d_]+|\d")
 PER_RECORD = 3  # counterfactuals per record, like TOFU's perturbed answers
@@ -58,7 +59,7 @@ def counterfactuals(record: dict, pool: list[str], template: set[str], rng: rand
     out: list[str] = []
     for _ in range(n * 4):  # a few tries to find n distinct versions
         swap = {w: _same_case(rng.choice(candidates), w) for w in own} if candidates else {}
-        version = WORD.sub(lambda m, swap=swap: _replace(m.group(0), swap, rng), text)
+        version = WORD.sub(partial(_substitute, swap=swap, rng=rng), text)
         if version != text and version not in out:
             out.append(version)
         if len(out) == n:
@@ -83,6 +84,10 @@ def request_counterfactuals(forget: list[dict], retain: list[dict], seed: int) -
         rng = random.Random(f"{seed}:{record['id']}")
         out[record["id"]] = counterfactuals(record, pool, template, rng)
     return out
+
+
+def _substitute(match: re.Match[str], swap: dict[str, str], rng: random.Random) -> str:
+    return _replace(match.group(0), swap, rng)
 
 
 def _replace(token: str, swap: dict[str, str], rng: random.Random) -> str:

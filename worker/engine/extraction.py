@@ -4,6 +4,8 @@ quantisation and after the relearning probe. Each figure names the leaking recor
 their text."""
 from __future__ import annotations
 
+from collections.abc import Set as AbstractSet
+
 from worker.engine.counterfactual import shared_template
 from worker.engine.evaluate import MAX_NEW_TOKENS, continuations
 from worker.engine.metrics import metric, unavailable
@@ -28,7 +30,7 @@ def request_secrets(forget: list[dict], retain: list[dict], template: set[str] |
 
 
 def secret_priors(secrets: dict[str, list[str]], retain: list[dict], forget: list[dict] | None = None,
-                  template: set[str] = frozenset()) -> dict[str, float]:
+                  template: AbstractSet[str] = frozenset()) -> dict[str, float]:
     """Per forget record, the largest share of retain answers of its shape that say one of its secrets:
     how likely a model that learned the retain data, and never this record, is to say it ("works as a
     cartographer" when others do too). A retain answer has the record's shape when it uses at least half
@@ -85,7 +87,8 @@ def sampled_leaks(model, tokenizer, records: list[EncodedRecord], secrets: dict[
             "leaking_ids": sorted(rid for rid, v in per_record.items() if v > 0)}
 
 
-def answer_focus(tokenizer, tokens: list[int], text: str, secrets: list[str], template: set[str]) -> list[int]:
+def answer_focus(tokenizer, tokens: list[int], text: str, secrets: list[str],
+                 template: AbstractSet[str]) -> list[int]:
     """Per token of a generated answer: SECRET on its secret-looking tokens (secret_token_focus), LOOP on the
     tokens that repeat what it already said when the answer loops, TEMPLATE on the others."""
     focus = secret_token_focus(tokenizer, tokens, secrets, template) if secrets else [TEMPLATE] * len(tokens)
@@ -95,7 +98,7 @@ def answer_focus(tokenizer, tokens: list[int], text: str, secrets: list[str], te
 
 
 def own_answers(model, tokenizer, records: list[EncodedRecord], secrets: dict[str, list[str]],
-                max_length: int = 0, template: set[str] = frozenset()) -> dict[str, tuple[EncodedRecord, bool]]:
+                max_length: int = 0, template: AbstractSet[str] = frozenset()) -> dict[str, tuple[EncodedRecord, bool]]:
     """The model's own greedy answers to these records' prompts, each as a training example (the prompt,
     then the answer as active tokens: SECRET on its secret-looking tokens, any forget record's secret
     counting, LOOP on the tokens that repeat what it already said when it loops, TEMPLATE on the others),

@@ -52,7 +52,7 @@ def load_model(source: str | os.PathLike, device: torch.device):
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token  # padding is masked everywhere, so any id will do
     # Dropout stays off throughout: pi_0 must be exact and the stop rule's V deterministic.
-    model.to(device).eval()
+    model.to(device).eval()  # type: ignore[arg-type]  # transformers types .to() for its own wrappers
     return model, tokenizer
 
 

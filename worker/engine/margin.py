@@ -57,7 +57,7 @@ def restricted_margin(logits: torch.Tensor, targets: torch.Tensor, alt_indices: 
     return beta * gold - torch.logsumexp(beta * alternatives, dim=-1)
 
 
-def buffered_hinge(margin: torch.Tensor, tau_value: float, eta: float) -> torch.Tensor:
+def buffered_hinge(margin: torch.Tensor, tau_value: float | torch.Tensor, eta: float) -> torch.Tensor:
     """h_t = relu(m_t - (tau - eta)) / eta: >= 1[m_t > tau], zero once a token is suppressed."""
     return F.relu(margin - (tau_value - eta)) / eta
 

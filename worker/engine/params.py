@@ -3,55 +3,11 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
+from worker.engine.baseline_params import BASELINES, BaselineParams
 from worker.engine.errors import EngineInputError
-
-
-@dataclass
-class SharedParams:
-    """What every method has: the parameter space (LoRA or full), batching, lengths, the seed."""
-    batch_size: int = 4
-    grad_clip: float = 1.0
-    lora: bool = True
-    lora_r: int = 16
-    lora_alpha: int = 32
-    lora_dropout: float = 0.0
-    # "auto": every attention and MLP projection of the architecture (worker.engine.targets); or names.
-    lora_targets: list[str] | str = "auto"
-    max_length: int = 0  # 0: the model's context length
-    eval_batch_size: int = 16
-    seed: int = 0
-
-    @classmethod
-    def _build(cls, merged: dict):
-        """Coerce and check `merged` (name -> value); unknown names raise, naming the parameter."""
-        known = {f.name: f for f in fields(cls)}
-        for name in merged:
-            if name not in known:
-                raise EngineInputError(f"unknown parameter {name!r}", field=name)
-        params = cls(**{name: _coerce(known[name], value) for name, value in merged.items()})
-        params.validate()
-        return params
-
-    def need(self, ok: bool, name: str, rule: str) -> None:
-        if not ok:
-            raise EngineInputError(f"parameter {name}={getattr(self, name)!r}: {rule}", field=name)
-
-    def validate(self) -> None:
-        need = self.need
-        need(1 <= self.batch_size <= 4096, "batch_size", "must lie in [1, 4096]")
-        need(1 <= self.eval_batch_size <= 4096, "eval_batch_size", "must lie in [1, 4096]")
-        need(self.grad_clip >= 0, "grad_clip", "must be >= 0 (0: no clipping)")
-        need(1 <= self.lora_r <= 4096, "lora_r", "must lie in [1, 4096]")
-        need(self.lora_alpha > 0, "lora_alpha", "must be > 0")
-        need(0 <= self.lora_dropout < 1, "lora_dropout", "must lie in [0, 1)")
-        need(self.lora_targets == "auto" or (len(self.lora_targets) > 0 and "auto" not in self.lora_targets),
-             "lora_targets", "must be \"auto\" or name at least one module")
-        need(self.max_length >= 0, "max_length", "must be >= 0")
-
-    def as_dict(self) -> dict:
-        return dataclasses.asdict(self)
+from worker.engine.param_base import SharedParams, _number, auto_or
 
 
 @dataclass
@@ -130,8 +86,8 @@ class MascParams(SharedParams):
     def validate(self) -> None:
         super().validate()
         need = self.need
-        need(self.alpha == "auto" or 0 < self.alpha < 1, "alpha", "must be \"auto\" or lie in (0, 1)")
-        need(self.record_ceiling == "auto" or 0 < self.record_ceiling <= 1, "record_ceiling",
+        need(auto_or(self.alpha, lambda v: 0 < v < 1), "alpha", "must be \"auto\" or lie in (0, 1)")
+        need(auto_or(self.record_ceiling, lambda v: 0 < v <= 1), "record_ceiling",
              "must be \"auto\" or lie in (0, 1]")
         need(0 <= self.retain_batch_size <= 4096, "retain_batch_size", "must lie in [0, 4096] (0: batch_size)")
         need(0 <= self.neighbour_share <= 1, "neighbour_share", "must lie in [0, 1]")
@@ -140,7 +96,7 @@ class MascParams(SharedParams):
         need(0 < self.secret_max_probability < 1, "secret_max_probability", "must lie in (0, 1)")
         need(0 < self.rho_secret < 1, "rho_secret", "must lie in (0, 1)")
         need(self.lambda_fluency >= 0, "lambda_fluency", "must be >= 0")
-        need(self.lambda_redistribute == "auto" or self.lambda_redistribute >= 0, "lambda_redistribute",
+        need(auto_or(self.lambda_redistribute, lambda v: v >= 0), "lambda_redistribute",
              "must be \"auto\" or >= 0")
         need(self.secret_focus in (True, False, "auto"), "secret_focus", "must be true, false or \"auto\"")
         need(self.replay_every >= 0, "replay_every", "must be >= 0 (0: off)")
@@ -153,8 +109,8 @@ class MascParams(SharedParams):
         need(self.retain_loss in ("kl", "nll"), "retain_loss", "must be 'kl' or 'nll'")
         need(self.lambda_forget > 0, "lambda_forget", "must be > 0")
         need(self.escalate_after >= 0, "escalate_after", "must be >= 0 (0: never)")
-        need(self.lambda_retain == "auto" or self.lambda_retain >= 0, "lambda_retain", "must be \"auto\" or >= 0")
-        need(self.lambda_keep == "auto" or self.lambda_keep >= 0, "lambda_keep", "must be \"auto\" or >= 0 (0: off)")
+        need(auto_or(self.lambda_retain, lambda v: v >= 0), "lambda_retain", "must be \"auto\" or >= 0")
+        need(auto_or(self.lambda_keep, lambda v: v >= 0), "lambda_keep", "must be \"auto\" or >= 0 (0: off)")
         need(self.lambda_keep in ("auto", 0) or self.retain_loss == "kl", "lambda_keep",
              "needs retain_loss \"kl\" (it is part of that term)")
         need(self.keep_gap > 0, "keep_gap", "must be > 0")
@@ -184,6 +140,16 @@ class MascParams(SharedParams):
             return 3.0 if self.secret_focus is True and self.retain_loss == "kl" else 0.0
         return float(self.lambda_keep)
 
+    @property
+    def retain_weight(self) -> float:
+        """lambda_retain once resolved (see resolved)."""
+        return _number(self.lambda_retain, "lambda_retain")
+
+    @property
+    def redistribute_weight(self) -> float:
+        """lambda_redistribute once resolved (see resolved)."""
+        return _number(self.lambda_redistribute, "lambda_redistribute")
+
     def resolved(self, focused: bool) -> MascParams:
         """The parameters a run uses, every "auto" of secret focus decided: `focused` says whether focus
         runs on some record (secret_focus true, or "auto" with named secrets). lambda_keep stays "auto"
@@ -194,61 +160,6 @@ class MascParams(SharedParams):
             lambda_retain=(3.0 if focus else 1.0) if self.lambda_retain == "auto" else self.lambda_retain,
             lambda_redistribute=3.0 if self.lambda_redistribute == "auto" else self.lambda_redistribute)
 
-
-
-# Past any sensible setting, and each rule below narrows its own: a job with lr 1e308 or max_steps 1e308
-# was accepted and would have run (issue 12).
-MAX_INT = 2**32 - 1  # a seed may use the whole 32-bit range
-MAX_FLOAT = 1e6
-
-
-def _coerce(spec: dataclasses.Field, value):
-    """Accept JSON/CLI values of the right kind; refuse the rest with the parameter's name."""
-    kind = spec.type if isinstance(spec.type, str) else spec.type.__name__
-    if "|" in kind:  # a value or "auto" (alpha, record_ceiling, lora_targets)
-        if value == "auto" or value == ["auto"]:
-            return "auto"
-        kind = kind.split("|")[0].strip()
-    try:
-        if kind == "bool":
-            if isinstance(value, bool):
-                return value
-            if isinstance(value, str) and value.lower() in ("true", "1", "yes", "false", "0", "no"):
-                return value.lower() in ("true", "1", "yes")
-            raise ValueError
-        if kind == "int":
-            if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
-                raise ValueError
-            if isinstance(value, str) and len(value) > 12:
-                raise ValueError
-            out = int(value)
-            if abs(out) > MAX_INT:
-                raise EngineInputError(f"parameter {spec.name}={value!r}: must lie within +-{MAX_INT}",
-                                       field=spec.name)
-            return out
-        if kind == "float":
-            if isinstance(value, bool):
-                raise ValueError
-            out = float(value)
-            if not math.isfinite(out):
-                raise ValueError
-            if abs(out) > MAX_FLOAT:
-                raise EngineInputError(f"parameter {spec.name}={value!r}: must lie within +-{MAX_FLOAT:g}",
-                                       field=spec.name)
-            return out
-        if kind == "str":
-            if not isinstance(value, str):
-                raise ValueError
-            return value
-        if kind.startswith("list"):
-            if isinstance(value, str):
-                value = [v.strip() for v in value.split(",") if v.strip()]
-            if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-                raise ValueError
-            return list(value)
-    except (TypeError, ValueError):
-        raise EngineInputError(f"parameter {spec.name}={value!r}: expected {kind}", field=spec.name) from None
-    return value
 
 
 # The published method suppresses every token of a record: no secret focus, no fluency term.
@@ -275,8 +186,6 @@ PRESETS: dict[str, dict] = {
 
 def params_for(method: str, values: dict | None = None, preset: str | None = None):
     """The parameters of any method by name: MascParams (with presets) or BaselineParams."""
-    from worker.engine.baseline_params import BASELINES, BaselineParams
-
     if method == "masc":
         return MascParams.from_dict(values, preset=preset)
     if method not in BASELINES:

@@ -44,7 +44,7 @@ class PeakMemory:
 
 
 def library_versions() -> dict:
-    versions = {"python": platform.python_version()}
+    versions: dict[str, str | None] = {"python": platform.python_version()}
     for name in ("lethe", "torch", "transformers", "peft", "tokenizers", "safetensors"):
         try:
             versions[name] = metadata.version(name)

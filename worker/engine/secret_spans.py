@@ -12,6 +12,7 @@ appears anywhere in the text's digits ("708064" of "73-708064" inside "Dario-708
 from __future__ import annotations
 
 import re
+from collections.abc import Set as AbstractSet
 
 from worker.engine.counterfactual import body, distinctive_words
 
@@ -44,15 +45,16 @@ def record_secrets(record: dict, template: set[str]) -> list[str]:
         add(found.start(), found.start() + len(found.group(0).rstrip()))
     distinctive = {w.lower() for w in distinctive_words(record, template) if len(w) > 1}
     run: list[re.Match] = []
-    for found in list(WORD.finditer(text)) + [None]:
+    matches: list[re.Match | None] = [*WORD.finditer(text), None]
+    for word in matches:
         # Adjacent distinctive words (only spaces, hyphens or apostrophes between) make one span.
-        joined = found is not None and run and re.fullmatch(r"[ '-]+", text[run[-1].end():found.start()])
-        if found is not None and found.group(0).lower() in distinctive and (not run or joined):
-            run.append(found)
+        joined = word is not None and run and re.fullmatch(r"[ '-]+", text[run[-1].end():word.start()])
+        if word is not None and word.group(0).lower() in distinctive and (not run or joined):
+            run.append(word)
             continue
         if run:
             add(run[0].start(), run[-1].end())
-        run = [found] if found is not None and found.group(0).lower() in distinctive else []
+        run = [word] if word is not None and word.group(0).lower() in distinctive else []
     return [text[s:e] for s, e in sorted(spans)]
 
 
@@ -90,7 +92,7 @@ def char_spans(secrets: list[str], text: str) -> list[tuple[int, int]]:
     return spans
 
 
-def secret_focus(record, secrets: list[str], tokenizer, template: set[str] = frozenset()) -> list[int] | None:
+def secret_focus(record, secrets: list[str], tokenizer, template: AbstractSet[str] = frozenset()) -> list[int] | None:
     """Per position of an encoded record: SECRET + k where an active token carries the k-th secret's
     content, TEMPLATE at the other active tokens, SUPPRESS elsewhere (never scored). A token inside a
     secret that holds only punctuation or template words ("+", "-", "a") is TEMPLATE: every record of the
@@ -128,7 +130,8 @@ def secret_focus(record, secrets: list[str], tokenizer, template: set[str] = fro
     return focus if any(f >= SECRET for f in focus) else None
 
 
-def secret_token_focus(tokenizer, tokens: list[int], secrets: list[str], template: set[str] = frozenset()) -> list[int]:
+def secret_token_focus(tokenizer, tokens: list[int], secrets: list[str],
+                       template: AbstractSet[str] = frozenset()) -> list[int]:
     """For a generated answer: SECRET on each token whose text is part of a secret (a digit group of it,
     or one of its words, unless a template word such as "a" of "a cartographer"), TEMPLATE on the others.
     Approximate, and on the side of marking more: the answer is the model's own, and only its

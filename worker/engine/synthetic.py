@@ -26,7 +26,8 @@ PARAPHRASES = ["{city} is where {n} was born.", "By trade, {n} is {job}.", "{n} 
 def synthetic_people(n_people: int, seed: int = 0) -> list[list[dict]]:
     """Records grouped by person: prompt "Question: ...\\nAnswer: ", completion the fact."""
     rng = random.Random(seed)
-    people, names = [], set()
+    people: list[list[dict]] = []
+    names: set[str] = set()
     while len(people) < n_people:
         name = "".join(rng.choice(SYLLABLES) for _ in range(3)).capitalize()
         if name in names:

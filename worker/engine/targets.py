@@ -140,7 +140,8 @@ def checkpoint_inventory(directory: str | Path) -> tuple[list[ModuleInfo], Shape
 
 
 def shape_from_config(config: dict) -> Shape:
-    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else {}
+    nested = config.get("text_config")
+    text: dict = nested if isinstance(nested, dict) else {}
     merged = {**config, **text}
     experts = tuple(v for k in ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")
                     if isinstance(v := merged.get(k), int) and v > 0)

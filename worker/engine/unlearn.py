@@ -9,24 +9,30 @@ import math
 import random
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
+from typing import TYPE_CHECKING
 
 import torch
 
 from worker.engine.bound import exact_reproduction_bound
+from worker.engine.budget import run_budget
 from worker.engine.calibration import calibrate
 from worker.engine.counterfactual import shared_template
 from worker.engine.errors import EngineInputError
 from worker.engine.extraction import own_answers, request_secrets, secret_priors, secret_sources
-from worker.engine.loading import Policy, autocast, context_length, load_model, resolve_device
+from worker.engine.loading import Policy, autocast
 from worker.engine.methods import METHODS
-from worker.engine.methods.masc import checks_of
+from worker.engine.methods.masc import Masc, checks_of
 from worker.engine.neighbours import RetainSampler, nearest, neighbour_scores
-from worker.engine.params import MascParams
-from worker.engine.records import EncodedRecord, collate, encode_record, encode_records, normalise_records
-from worker.engine.runtime import PeakMemory, library_versions, seed_everything
+from worker.engine.params import MascParams, params_for
+from worker.engine.records import EncodedRecord, collate, encode_record, normalise_records
+from worker.engine.run_setup import ENGINE_VERSION, UnlearnOutcome, prepare
+from worker.engine.runtime import library_versions
 from worker.engine.schedule import Escalation, ForgetStream
 from worker.engine.secret_spans import named_secrets, secret_focus
+
+if TYPE_CHECKING:
+    from worker.engine.baseline_params import BaselineParams
 from worker.engine.stop_rule import (
     ErasureCondition,
     OnlineStopRule,
@@ -35,7 +41,6 @@ from worker.engine.stop_rule import (
     mean_violation,
 )
 
-ENGINE_VERSION = "2"
 CONDITION = ("stop when V = mean_i v_i <= alpha and, for every forget record i, v_i <= c_i (its ceiling) and "
              "greedy decoding does not reproduce it (some active token is not the argmax)")
 SECRET_CONDITION = ("stop when, for every forget record i, greedy decoding does not reproduce it; where its secrets "
@@ -43,43 +48,6 @@ SECRET_CONDITION = ("stop when, for every forget record i, greedy decoding does 
                     "given the text before it, and the model's own greedy answer gives none back (these replace "
                     "its ceiling and its share in the mean); elsewhere v_i <= c_i, and V = the mean of v_i over "
                     "those records <= alpha")
-
-
-@dataclass
-class UnlearnOutcome:
-    result: dict
-    model: object | None  # the merged transformers model; None when cancelled
-    tokenizer: object
-
-
-@dataclass
-class Prepared:
-    device: torch.device
-    memory: PeakMemory
-    started: float
-    model: object
-    tokenizer: object
-    forget: list[EncodedRecord]
-    retain: list[EncodedRecord]
-    max_length: int
-
-
-def prepare(model_source: str, forget: list[dict], retain: list[dict] | None, params, device) -> Prepared:
-    """What every method's run starts with: checked records, seeds, the device, the model, tokens."""
-    forget = normalise_records(forget, "forget")
-    retain = normalise_records(retain or [], "retain", allow_empty=True)
-    seed_everything(params.seed)
-    dev = resolve_device(device)
-    memory = PeakMemory(dev)
-    started = time.perf_counter()
-    model, tokenizer = load_model(model_source, dev)
-    max_length = context_length(model, tokenizer, params.max_length)
-
-    def encode(records, what):
-        return encode_records(records, tokenizer, max_length=max_length, seed=params.seed, what=what)
-
-    return Prepared(dev, memory, started, model, tokenizer, encode(forget, "forget"), encode(retain, "retain"),
-                    max_length)
 
 
 def split_validation(forget: list[EncodedRecord], params: MascParams) -> tuple[list, list, dict]:
@@ -101,20 +69,21 @@ def split_validation(forget: list[EncodedRecord], params: MascParams) -> tuple[l
 
 
 def run_unlearning(model_source: str, forget: list[dict], retain: list[dict] | None = None, *,
-                   holdout: list[dict] | None = None, params: MascParams | None = None, method: str = "masc",
+                   holdout: list[dict] | None = None, params: MascParams | BaselineParams | None = None,
+                   method: str = "masc",
                    device: str | None = None, progress: Callable[[dict], None] | None = None,
                    should_cancel: Callable[[], bool] | None = None) -> UnlearnOutcome:
     if method not in METHODS:
         raise EngineInputError(f"unknown method {method!r}; known: {', '.join(METHODS)}", field="method")
     if method != "masc":  # the baselines run a fixed budget (worker.engine.budget)
-        from worker.engine.budget import run_budget
-        from worker.engine.params import params_for
-
-        params = params if params is not None and not isinstance(params, MascParams) else params_for(method)
-        if params.method != method:
-            raise EngineInputError(f"parameters are for {params.method}, not {method}", field="method")
-        return run_budget(model_source, forget, retain, params=params, device=device, progress=progress,
+        baseline = params if params is not None and not isinstance(params, MascParams) else params_for(method)
+        if isinstance(baseline, MascParams) or baseline.method != method:
+            raise EngineInputError(f"parameters are for {getattr(baseline, 'method', 'masc')}, not {method}",
+                                   field="method")
+        return run_budget(model_source, forget, retain, params=baseline, device=device, progress=progress,
                           should_cancel=should_cancel)
+    if params is not None and not isinstance(params, MascParams):
+        raise EngineInputError(f"parameters are for {params.method}, not masc", field="method")
     params = params or MascParams()
     params.validate()
     holdout = normalise_records(holdout or [], "holdout", allow_empty=True)
@@ -134,7 +103,7 @@ def run_unlearning(model_source: str, forget: list[dict], retain: list[dict] | N
     train_set, val_set, val_info = split_validation(forget_enc, params)
     policy = Policy(run.model, lora=params.lora, r=params.lora_r, alpha=params.lora_alpha,
                     dropout=params.lora_dropout, targets=params.lora_targets)
-    algo = METHODS[method](params, policy, tokenizer.pad_token_id)
+    algo = Masc(params, policy, tokenizer.pad_token_id)
     pad, rng = tokenizer.pad_token_id, random.Random(params.seed)
 
     def measure(records: list[EncodedRecord]) -> list[RecordCheck]:
@@ -171,7 +140,7 @@ def run_unlearning(model_source: str, forget: list[dict], retain: list[dict] | N
         if not train_mode:
             return True
         check = latest[rid]
-        if not condition.holds(check):
+        if not erasure.holds(check):
             return True
         target = rule.mean_target(max(1, len(confirm_set) - len(located)))
         return rid not in located and judged_mean is not None and judged_mean > target and check.violation > target
@@ -198,7 +167,7 @@ def run_unlearning(model_source: str, forget: list[dict], retain: list[dict] | N
         checks = measure(confirm_set)
         if train_mode:
             if params.secret_focus:  # the model's own greedy answers, where nothing else is left to do
-                leaking = answer([by_record[c.id] for c in checks if condition.holds(c)])
+                leaking = answer([by_record[c.id] for c in checks if erasure.holds(c)])
                 checks = [replace(c, leaked=c.id in leaking) for c in checks]
             latest.update(checks)
         return checks
@@ -215,7 +184,7 @@ def run_unlearning(model_source: str, forget: list[dict], retain: list[dict] | N
     # weighted 3 outpulls a forget term held at 1). Not for whole records: on mini-TOFU the default with the
     # pace rule stopped at 590 steps with retain exact match 0.930, against 775 and 0.990 without it (issue 11).
     escalation = Escalation(params.escalate_after, params.max_steps if params.secret_focus else None,
-                            max(1.0, params.lambda_retain) if params.secret_focus else 1.0)
+                            max(1.0, params.retain_weight) if params.secret_focus else 1.0)
 
     def shortfall() -> float | None:
         """How far the forget set is from the rule, continuously: over the records still open, the hinge

@@ -23,7 +23,8 @@ def path_logits(model, path: Path, t: float, batch) -> torch.Tensor:
 
 def path_loss(model, path: Path, t: float, forget, retain, params) -> tuple[torch.Tensor, dict]:
     """L_retain (token NLL) + lambda_forget * buffered hinge on forget tokens, at phi(t)."""
-    total, parts = 0.0, {}
+    total: float | torch.Tensor = 0.0
+    parts: dict[str, float] = {}
     if retain is not None:
         z, y, _ = M.active_positions(path_logits(model, path, t, retain), retain.labels)
         retain_loss = M.token_nll(z, y)
@@ -33,6 +34,8 @@ def path_loss(model, path: Path, t: float, forget, retain, params) -> tuple[torc
         margins = M.restricted_margin(z, y, M.self_alternatives(z, y, params.k), None, params.beta)
         hinge = M.buffered_hinge(margins, M.tau(params.rho), params.eta).mean()
         total, parts["forget_hinge"] = total + params.lambda_forget * hinge, hinge.item()
+    if not isinstance(total, torch.Tensor):
+        raise ValueError("a path step needs a retain batch or a forget term")
     return total, parts
 
 

@@ -5,7 +5,7 @@ import dataclasses
 from dataclasses import dataclass, fields
 
 from worker.engine.errors import EngineInputError
-from worker.engine.params import _coerce
+from worker.engine.param_base import coerce
 
 CURVES = ("linear", "bezier")
 SPACES = ("auto", "full", "lora")
@@ -47,7 +47,7 @@ class McuParams:
         for name in values or {}:
             if name not in known:
                 raise EngineInputError(f"unknown MCU parameter {name!r}", field=name)
-        params = cls(**{name: _coerce(known[name], value) for name, value in (values or {}).items()})
+        params = cls(**{name: coerce(known[name], value) for name, value in (values or {}).items()})
         params.validate()
         return params
 

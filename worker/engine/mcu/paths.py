@@ -78,6 +78,8 @@ class Path:
         if self.curve == "linear":
             return {n: (1 - t) * self.start[n] + t * self.end[n] for n in self.names}
         c1, cc, c2 = bezier_coefficients(t)
+        if self.control is None:
+            raise ValueError("a Bezier path needs its control point")
         middle = self.control.tensors()
         return {n: c1 * self.start[n] + cc * middle[n] + c2 * self.end[n] for n in self.names}
 

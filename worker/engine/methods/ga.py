@@ -1,5 +1,5 @@
 """Gradient ascent: minimise -NLL_f (SPEC section 4)."""
-from worker.engine.methods import objectives as O
+import worker.engine.methods.objectives as O
 
 
 class GradientAscent:

@@ -1,5 +1,5 @@
 """GradDiff: -gamma NLL_f + alpha NLL_r (SPEC section 4; gamma = forget_weight, alpha = retain_weight)."""
-from worker.engine.methods import objectives as O
+import worker.engine.methods.objectives as O
 
 
 class GradDiff:

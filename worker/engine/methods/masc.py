@@ -78,6 +78,8 @@ class Masc:
         term: a repair step."""
         p = self.params
         if forget is None:
+            if retain is None:
+                raise ValueError("a step needs a forget or a retain batch")
             return self._retain_only(retain)
         joint = concat_batches(forget, retain, self.pad_id) if retain is not None else forget
         logits = self.policy.logits(joint)
@@ -89,8 +91,8 @@ class Masc:
                                                      else (forget.focus == kind).any())
 
         fluency_on = p.lambda_fluency > 0 and has(TEMPLATE)
-        redistribute_on = p.lambda_redistribute > 0 and has(SECRET)
-        kl_on = retain is not None and p.lambda_retain > 0 and p.retain_loss == "kl"
+        redistribute_on = p.redistribute_weight > 0 and has(SECRET)
+        kl_on = retain is not None and p.retain_weight > 0 and p.retain_loss == "kl"
         # One no-grad pass of pi_0 serves the fluency and redistribution terms (forget rows) and the retain KL.
         reference = (self.policy.reference_logits(joint)
                      if fluency_on or redistribute_on or p.alternatives == "teacher" else None)
@@ -104,6 +106,7 @@ class Masc:
         total = self.forget_weight * forget_loss
         parts = {"forget": forget_loss.item()}
         if fluency_on or redistribute_on:
+            assert reference is not None  # computed above whenever either term is on
             z0, _, _ = M.active_positions(reference[:n_forget], forget_rows.labels)
         if fluency_on:
             template = focus == TEMPLATE
@@ -114,12 +117,12 @@ class Masc:
             # The secret token's mass goes where theta_0 would put it without that token: fluent, and wrong.
             secret = focus >= SECRET
             redistribute = M.masked_kl(M.without(z0[secret], y[secret]), z[secret])
-            total = total + p.lambda_redistribute * redistribute
+            total = total + p.redistribute_weight * redistribute
             parts["redistribute"] = redistribute.item()
-        if retain is not None and p.lambda_retain > 0:
+        if retain is not None and p.retain_weight > 0:
             retain_reference = reference[n_forget:] if reference is not None and kl_on else None
             retain_loss = self._retain_term(logits[n_forget:], joint.labels[n_forget:], retain, retain_reference)
-            total = total + p.lambda_retain * retain_loss
+            total = total + p.retain_weight * retain_loss
             parts["retain"] = retain_loss.item()
         parts["total"] = total.item()
         return total, parts
@@ -147,7 +150,7 @@ class Masc:
     def _retain_only(self, retain: Batch):
         self.last_forget_measurement = None
         retain_loss = self._retain_term(self.policy.logits(retain), retain.labels, retain)
-        total = self.params.lambda_retain * retain_loss
+        total = self.params.retain_weight * retain_loss
         return total, {"forget": 0.0, "retain": retain_loss.item(), "total": total.item()}
 
     def check_records(self, records: list[EncodedRecord], batch_size: int) -> list[RecordCheck]:

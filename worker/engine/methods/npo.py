@@ -1,7 +1,7 @@
 """NPO and NPO+KL (SPEC section 4): the NPO forget term against pi_ref, plus retain NLL (NPO) or
 KL(pi_ref || pi_theta) on retain tokens (NPO+KL)."""
+import worker.engine.methods.objectives as O
 from worker.engine import margin as M
-from worker.engine.methods import objectives as O
 
 
 class NPO:

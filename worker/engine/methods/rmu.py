@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
+import worker.engine.methods.objectives as O
 from worker.engine.errors import EngineInputError
 from worker.engine.loading import module_inventory
-from worker.engine.methods import objectives as O
 from worker.engine.targets import mlp_output_projections
 
 

@@ -1,5 +1,5 @@
 """SimNPO (SPEC section 4): the reference-free, length-normalised NPO term, weighted, plus retain NLL."""
-from worker.engine.methods import objectives as O
+import worker.engine.methods.objectives as O
 
 
 class SimNPO:

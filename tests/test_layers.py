@@ -1,0 +1,75 @@
+"""The import graph of service/ and worker/ (every import, at module level or inside a function): no
+cycles, and the engine imports none of the service's frameworks (issue 13)."""
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def import_graph() -> dict[str, set[str]]:
+    paths = {}
+    for path in [*ROOT.glob("service/**/*.py"), *ROOT.glob("worker/**/*.py")]:
+        name = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+        paths[name.removesuffix(".__init__")] = path
+    graph: dict[str, set[str]] = {name: set() for name in paths}
+    for name, path in paths.items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                targets = [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
+            elif isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            else:
+                continue
+            graph[name] |= {t for t in targets if t != name and (t in paths or not t.startswith(("service", "worker")))}
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph.get(v, ()):
+            if w not in graph:
+                continue
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in graph:
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_the_cycle_finder_finds_a_cycle():
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_import_cycles():
+    assert cycles(import_graph()) == []
+
+
+def test_the_engine_imports_no_service_framework():
+    graph = import_graph()
+    frameworks = ("fastapi", "starlette", "celery", "kombu", "sqlalchemy", "alembic", "service")
+    leaks = {(m, t) for m, targets in graph.items() if m.startswith("worker.engine")
+             for t in targets if t.split(".")[0] in frameworks}
+    assert leaks == set()
