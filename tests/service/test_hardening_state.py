@@ -1,9 +1,6 @@
-"""Issue 12: what an attacker, a crash and a careless operator found. Every case answers 4xx problem+json and
-changes nothing; states are compare-and-set; versions are numbered under a lock; lineage keeps erasures."""
-import base64
-import json
-import os
-import shutil
+"""Issue 12, what a crash and a careless operator found: states are compare-and-set, versions are numbered
+under a lock, lineage keeps erasures, keys can be listed, revoked and rotated, tenants have quotas, erased
+text leaves no bytes behind."""
 import threading
 import uuid
 from datetime import timedelta
@@ -16,7 +13,6 @@ from service.jobs import StateChanged, end_job, fail_exhausted, request_cancel
 from service.models import Job, Model, ModelVersion, utcnow
 from service.problems import Problem
 from service.registry import add_version, get_version, head_version, missing_erasures
-from service.store import ArtifactStore, safe_relative
 from tests.service.conftest import ADMIN_KEY, auth
 from tests.service.test_lease import make_job, read
 
@@ -32,134 +28,6 @@ def count(table) -> int:
 def register(client, source, name=None):
     return client.post("/v1/models", headers=auth(), json={"name": name or "m-" + uuid.uuid4().hex[:6],
                                                            "source": source})
-
-
-# --- sources -------------------------------------------------------------------------------------------
-
-def test_only_import_roots_hub_and_allowed_buckets_are_sources(client, fixture_model):
-    before = count(Model)
-    cases = [
-        (f"file://{fixture_model}", "unsupported kind"),  # skipped the import roots before
-        ("file:///", "unsupported kind"),  # would have copied the disk
-        (f"zip://model::file://{fixture_model}.zip", "unsupported kind"),  # tar-slip through the manifest
-        ("http://169.254.169.254/latest/meta-data/", "unsupported kind"),  # SSRF
-        ("memory://x", "unsupported kind"),
-        (f"simplecache::file://{fixture_model}", "unsupported kind"),
-        ("s3://someone-elses-bucket/model", "not one this service may read"),
-        ("~\u0098", "source"),
-        ("gcs:bucket/model", "unsupported kind"),
-    ]
-    for source, words in cases:
-        answer = register(client, source)
-        assert answer.status_code == 422 and answer.headers["content-type"] == PROBLEM, (source, answer.text)
-        assert words in answer.text, (source, answer.text)
-    assert count(Model) == before
-
-
-def test_a_link_out_of_the_import_root_is_refused_and_one_inside_followed(client, fixture_model, service_env,
-                                                                          tmp_path):
-    root = json.loads(service_env["LETHE_IMPORT_ROOTS"])[0]
-    assert str(tmp_path).startswith(root)
-    leaking = tmp_path / "leaking"
-    shutil.copytree(fixture_model, leaking)
-    os.symlink("/etc/hostname", leaking / "secret.txt")
-    before = count(Model)
-    answer = register(client, str(leaking))
-    assert answer.status_code == 422 and "links outside the import root" in answer.text
-    assert count(Model) == before
-    # A Hub cache links snapshot files to blobs under the same root: followed, and the file's bytes stored.
-    cached = tmp_path / "cache"
-    (cached / "blobs").mkdir(parents=True)
-    shutil.copytree(fixture_model, cached / "snapshot")
-    (cached / "snapshot" / "config.json").rename(cached / "blobs" / "abc123")
-    os.symlink(cached / "blobs" / "abc123", cached / "snapshot" / "config.json")
-    answer = register(client, str(cached / "snapshot"))
-    assert answer.status_code == 201, answer.text
-    files = client.get(f"/v1/models/{answer.json()['id']}/versions/1/files", headers=auth()).json()["files"]
-    config = next(f for f in files if f["path"] == "config.json")
-    assert config["size"] == (cached / "blobs" / "abc123").stat().st_size
-
-
-def test_the_store_refuses_paths_that_leave_the_version_folder(tmp_path):
-    for bad in ("../escaped.txt", "/etc/passwd", "a/../../b", "..", ""):
-        with pytest.raises(ValueError):
-            safe_relative(bad)
-    assert safe_relative("sub/./model.safetensors") == "sub/model.safetensors"
-    store = ArtifactStore(str(tmp_path / "store"))
-    with pytest.raises(ValueError):
-        store.put_files([("ok.txt", 1, lambda: open(__file__, "rb")),
-                         ("../../escaped.txt", 1, lambda: open(__file__, "rb"))],
-                        "models/m/v1")
-    assert not (tmp_path / "escaped.txt").exists() and not (tmp_path / "store" / "models").exists()
-
-
-# --- input that crashed --------------------------------------------------------------------------------
-
-def test_odd_version_numbers_page_tokens_and_ranges_are_4xx(client, registered_model):
-    base = f"/v1/models/{registered_model['id']}"
-    for number in ("²", "١", "99999999999999999999", "0", "-1", "1.0"):
-        answer = client.get(f"{base}/versions/{number}", headers=auth())
-        assert answer.status_code == 422 and answer.headers["content-type"] == PROBLEM, (number, answer.text)
-    naive = base64.urlsafe_b64encode(json.dumps(["2026-01-01T00:00:00", "job_" + "0" * 32]).encode()).decode()
-    for token in ("1" * 40, naive, base64.urlsafe_b64encode(b'["2026-01-01T00:00:00+00:00", 7]').decode(), "%%"):
-        answer = client.get("/v1/unlearning-jobs", headers=auth(), params={"page_token": token})
-        assert answer.status_code == 422 and "page_token" in answer.text, (token, answer.text)
-    answer = client.get(f"{base}/versions/1/files/config.json",
-                        headers={**auth(), "Range": "bytes=" + "9" * 5000 + "-"})
-    assert answer.status_code == 416
-
-
-def test_control_characters_surrogates_and_huge_values_are_refused(client, registered_model, forget_records):
-    before = count(Job)
-    good = {"model_id": registered_model["id"], "request_id": "hardening", "forget": forget_records[:1]}
-    cases = [
-        {**good, "forget": [{"prompt": "Q", "completion": "A\ud800"}]},  # lone surrogate
-        {**good, "forget": [{"prompt": "Q\u0000", "completion": "A"}]},
-        {**good, "forget": [{"prompt": "Q", "completion": "x" * 1_000_001}]},
-        {**good, "version": 2 ** 63},
-        {**good, "params": {"lr": 1e308}},
-        {**good, "params": {"max_steps": 10 ** 12}},
-        {**good, "params": {"batch_size": 10 ** 9}},
-        {**good, "request_id": "a\u0000b"},
-    ]
-    for body in cases:
-        raw = json.dumps(body)  # json.dumps writes the lone surrogate as an escape, as a client would
-        answer = client.post("/v1/unlearning-jobs", headers={**auth(), "Content-Type": "application/json"},
-                             content=raw.encode())
-        assert answer.status_code in (400, 422) and answer.headers["content-type"] == PROBLEM, (raw[:200], answer.text)
-    for path in ("/v1/models/%00", "/v1/unlearning-jobs/job_%00x", "/v1/models/x%ff"):
-        answer = client.get(path, headers=auth())
-        assert answer.status_code == 404 and answer.headers["content-type"] == PROBLEM, (path, answer.text)
-    assert count(Job) == before
-
-
-def test_a_chunked_body_over_the_limit_is_413(client, registered_model, service_env):
-    limit = int(service_env["LETHE_MAX_BODY_BYTES"])
-
-    def chunks():  # no Content-Length: the stream is counted
-        yield b'{"model_id": "x", "request_id": "big", "forget": ['
-        for _ in range(limit // 1000 + 10):
-            yield b'{"prompt": "Q", "completion": "' + b"x" * 1000 + b'"},'
-        yield b'{"prompt": "Q", "completion": "A"}]}'
-
-    before = count(Job)
-    answer = client.post("/v1/unlearning-jobs", headers={**auth(), "Content-Type": "application/json"},
-                         content=chunks())
-    assert answer.status_code == 413 and answer.json()["type"].endswith("/payload-too-large")
-    assert count(Job) == before
-
-
-def test_concurrent_registrations_with_one_name_give_one_model_and_a_409(client, fixture_model):
-    name, answers = "twin-" + uuid.uuid4().hex[:6], []
-    threads = [threading.Thread(target=lambda: answers.append(register(client, str(fixture_model), name)))
-               for _ in range(3)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert sorted(a.status_code for a in answers) == [201, 409, 409], [a.text for a in answers]
-    with session_scope() as session:
-        assert session.scalar(select(func.count()).select_from(Model).where(Model.name == name)) == 1
 
 
 # --- state ---------------------------------------------------------------------------------------------
@@ -343,24 +211,6 @@ def test_a_tenant_over_its_quota_gets_429_and_creates_nothing(registered_model):
     with session_scope() as session:  # leave nothing for the worker
         for job in session.query(Job).filter(Job.tenant == tenant, Job.state == "QUEUED"):
             end_job(job, "CANCELLED")
-
-
-# --- the embedded broker ---------------------------------------------------------------------------------
-
-def test_the_embedded_broker_hands_out_messages_in_the_order_they_were_sent(tmp_path):
-    from service.queue import make_celery
-    from service.settings import Settings
-
-    app = make_celery(Settings(broker_url="filesystem://", broker_dir=tmp_path / "broker"))
-    with app.connection_for_write() as connection:
-        for i in range(12):
-            app.send_task("lethe.run_job", args=[f"job-{i}"], queue="q", connection=connection)
-        names = os.listdir(tmp_path / "broker" / "queue")
-        # Fixed-width names (kombu's own use unpadded uptime in ms, which sorts 1000000 before 999999).
-        assert len({len(n.split("_")[0]) for n in names}) == 1
-        channel = connection.default_channel
-        received = [channel._get("q")["headers"]["argsrepr"] for _ in range(12)]
-    assert received == [repr([f"job-{i}"]) for i in range(12)]
 
 
 # --- erased text on disk -----------------------------------------------------------------------------------
