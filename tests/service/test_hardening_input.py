@@ -14,19 +14,10 @@ from service.db import session_scope
 from service.models import Job, Model
 from service.store import ArtifactStore, safe_relative
 from tests.service.conftest import auth
+from tests.service.helpers import count, register
 
 PROBLEM = "application/problem+json"
 pytestmark = pytest.mark.usefixtures("cancel_leftovers")
-
-
-def count(table) -> int:
-    with session_scope() as session:
-        return session.scalar(select(func.count()).select_from(table))
-
-
-def register(client, source, name=None):
-    return client.post("/v1/models", headers=auth(), json={"name": name or "m-" + uuid.uuid4().hex[:6],
-                                                           "source": source})
 
 
 # --- sources -------------------------------------------------------------------------------------------

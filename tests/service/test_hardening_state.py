@@ -6,7 +6,7 @@ import uuid
 from datetime import timedelta
 
 import pytest
-from sqlalchemy import func, select, text
+from sqlalchemy import select, text
 
 from service.db import session_scope
 from service.jobs import StateChanged, end_job, fail_exhausted, request_cancel
@@ -14,20 +14,11 @@ from service.models import Job, Model, ModelVersion, utcnow
 from service.problems import Problem
 from service.registry import add_version, get_version, head_version, missing_erasures
 from tests.service.conftest import ADMIN_KEY, auth
+from tests.service.helpers import register
 from tests.service.test_lease import make_job, read
 
 PROBLEM = "application/problem+json"
 pytestmark = pytest.mark.usefixtures("cancel_leftovers")
-
-
-def count(table) -> int:
-    with session_scope() as session:
-        return session.scalar(select(func.count()).select_from(table))
-
-
-def register(client, source, name=None):
-    return client.post("/v1/models", headers=auth(), json={"name": name or "m-" + uuid.uuid4().hex[:6],
-                                                           "source": source})
 
 
 # --- state ---------------------------------------------------------------------------------------------
