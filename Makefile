@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install run demo lint test bench bench-forgetting bench-sequential bench-engine bench-service bench-audit bench-mcu clean
+.PHONY: install run demo lint test test-fast bench bench-forgetting bench-sequential bench-engine bench-service bench-audit bench-mcu clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -34,6 +34,10 @@ test: $(STAMP) lint
 	# The report test renders pages in Debian's headless Chromium.
 	command -v chromium >/dev/null || (apt-get update -qq && apt-get install -y -qq chromium)
 	$(PY) -m pytest -q
+
+# The tests that train no model and start no service (about 30 s): lint first, as `make test`.
+test-fast: $(STAMP) lint
+	$(PY) -m pytest -q -m "not slow"
 
 # MASC and every baseline side by side on mini-TOFU (builds and caches two fixtures first: minutes).
 bench: $(STAMP)
