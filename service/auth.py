@@ -13,8 +13,9 @@ from sqlalchemy.orm import Session
 
 from service import audit_log
 from service.db import session_scope
-from service.models import ApiKey, utcnow
+from service.models import ApiKey, AuditEntry, utcnow
 from service.problems import Problem
+from service.settings import get_settings
 
 SCOPES = ("jobs:write", "jobs:read", "models:write", "artifacts:read", "metrics:read", "admin")
 
@@ -71,8 +72,6 @@ ROTATED = "LETHE_ADMIN_KEY rotated"
 
 
 def _revoked_by_rotation(session: Session, key: ApiKey) -> bool:
-    from service.models import AuditEntry
-
     last = session.scalar(select(AuditEntry).where(AuditEntry.subject == key.id, AuditEntry.kind == "key.revoked")
                           .order_by(AuditEntry.seq.desc()).limit(1))
     return last is not None and (last.data or {}).get("by") == ROTATED
@@ -80,8 +79,6 @@ def _revoked_by_rotation(session: Session, key: ApiKey) -> bool:
 
 def is_operator(who: Principal) -> bool:
     """The operator: an admin key of LETHE_ADMIN_TENANT (other tenants' admins manage their own tenant)."""
-    from service.settings import get_settings
-
     return "admin" in who.scopes and who.tenant == get_settings().admin_tenant
 
 

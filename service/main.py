@@ -4,6 +4,7 @@ from __future__ import annotations
 import logging
 import time
 from contextlib import asynccontextmanager
+from urllib.parse import unquote_to_bytes
 
 from fastapi import FastAPI
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -65,8 +66,6 @@ class PlainPath:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send):
         if scope["type"] == "http":
-            from urllib.parse import unquote_to_bytes
-
             raw = (scope["path"].encode("utf-8", "surrogatepass") + b"?"
                    + unquote_to_bytes(scope.get("query_string", b"")))
             try:

@@ -41,11 +41,10 @@ def head_version(session: Session, model: Model) -> ModelVersion | None:
     """The version `latest` names and new jobs start from: the newest READY version that holds every erasure
     done on the model. A newer version that lacks one (an MCU ensemble mixed with an older version) is
     never the head, so no job starts again from data that was erased."""
-    done = erasures_done(session, model.id)
-    versions = session.scalars(select(ModelVersion).where(ModelVersion.model_id == model.id,
-                                                          ModelVersion.state == "READY")
+    versions = session.scalars(select(ModelVersion).where(ModelVersion.model_id == model.id)
                                .order_by(ModelVersion.number.desc())).all()
-    return next((v for v in versions if done <= set(v.erased_request_ids or [])), None)
+    done = {rid for v in versions for rid in v.erased_request_ids or []}  # as erasures_done, from this one read
+    return next((v for v in versions if v.state == "READY" and done <= set(v.erased_request_ids or [])), None)
 
 
 def missing_erasures(session: Session, version: ModelVersion) -> list[str]:

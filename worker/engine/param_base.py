@@ -27,14 +27,7 @@ class SharedParams:
 
     @classmethod
     def _build(cls, merged: dict):
-        """Coerce and check `merged` (name -> value); unknown names raise, naming the parameter."""
-        known = {f.name: f for f in fields(cls)}
-        for name in merged:
-            if name not in known:
-                raise EngineInputError(f"unknown parameter {name!r}", field=name)
-        params = cls(**{name: coerce(known[name], value) for name, value in merged.items()})
-        params.validate()
-        return params
+        return build(cls, merged)
 
     def need(self, ok: bool, name: str, rule: str) -> None:
         if not ok:
@@ -65,6 +58,18 @@ def _number(value: float | str, name: str) -> float:
 def auto_or(value: float | str, rule: Callable[[float], bool]) -> bool:
     """A parameter that is "auto" or a number obeying `rule`."""
     return value == "auto" or (not isinstance(value, str) and rule(value))
+
+
+def build(cls, values: dict, what: str = "parameter"):
+    """An instance of the parameter dataclass `cls` from JSON or CLI values, coerced and validated; an unknown
+    name raises, naming it (`what`: how the error calls a parameter)."""
+    known = {f.name: f for f in fields(cls)}
+    for name in values:
+        if name not in known:
+            raise EngineInputError(f"unknown {what} {name!r}", field=name)
+    params = cls(**{name: coerce(known[name], value) for name, value in values.items()})
+    params.validate()
+    return params
 
 
 # Past any sensible setting, and each rule below narrows its own: a job with lr 1e308 or max_steps 1e308

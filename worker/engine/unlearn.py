@@ -10,10 +10,10 @@ import random
 import time
 from collections.abc import Callable
 from dataclasses import replace
-from typing import TYPE_CHECKING
 
 import torch
 
+from worker.engine.baseline_params import BaselineParams
 from worker.engine.bound import exact_reproduction_bound
 from worker.engine.budget import run_budget
 from worker.engine.calibration import calibrate
@@ -30,9 +30,6 @@ from worker.engine.run_setup import ENGINE_VERSION, UnlearnOutcome, prepare
 from worker.engine.runtime import library_versions
 from worker.engine.schedule import Escalation, ForgetStream
 from worker.engine.secret_spans import named_secrets, secret_focus
-
-if TYPE_CHECKING:
-    from worker.engine.baseline_params import BaselineParams
 from worker.engine.stop_rule import (
     ErasureCondition,
     OnlineStopRule,

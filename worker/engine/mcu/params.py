@@ -2,10 +2,10 @@
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 from worker.engine.errors import EngineInputError
-from worker.engine.param_base import coerce
+from worker.engine.param_base import build
 
 CURVES = ("linear", "bezier")
 SPACES = ("auto", "full", "lora")
@@ -43,13 +43,7 @@ class McuParams:
     @classmethod
     def from_dict(cls, values: dict | None = None) -> McuParams:
         """JSON or CLI values, coerced by the unlearning parameters' own rules; unknown names refused."""
-        known = {f.name: f for f in fields(cls)}
-        for name in values or {}:
-            if name not in known:
-                raise EngineInputError(f"unknown MCU parameter {name!r}", field=name)
-        params = cls(**{name: coerce(known[name], value) for name, value in (values or {}).items()})
-        params.validate()
-        return params
+        return build(cls, values or {}, "MCU parameter")
 
     def need(self, ok: bool, name: str, rule: str) -> None:
         if not ok:
