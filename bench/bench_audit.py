@@ -30,11 +30,11 @@ def main() -> None:
     started = time.perf_counter()
     report = run_audit(str(model_dir), outcome.model, outcome.tokenizer, data["forget"], data["retain"], holdout)
     audit_seconds = time.perf_counter() - started
-    unlearn_seconds = outcome.result["wall_seconds"]
+    unlearn_seconds = outcome.result.as_dict()["wall_seconds"]
     summary = {
         "command": "make bench-audit", "machine": f"{platform.machine()}, {torch.get_num_threads()} threads, CPU",
-        "versions": library_versions(), "preset": PRESET, "stop_reason": outcome.result["stop_reason"],
-        "steps": outcome.result["steps"], "unlearning_wall_seconds": round(unlearn_seconds, 2),
+        "versions": library_versions(), "preset": PRESET, "stop_reason": outcome.result.as_dict()["stop_reason"],
+        "steps": outcome.result.as_dict()["steps"], "unlearning_wall_seconds": round(unlearn_seconds, 2),
         "audit_wall_seconds": round(audit_seconds, 2), "ratio": round(audit_seconds / unlearn_seconds, 3),
         "audit_parts_seconds": {k: round(v, 2) for k, v in report["timing_seconds"].items()},
         "sets": report["sets"],

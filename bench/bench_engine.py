@@ -84,7 +84,7 @@ def step_cost(model_dir: Path, lora: bool, batch_size: int = 4, rounds: int = 8,
 def stop_rule_share(model_dir: Path) -> dict:
     data = splits()
     params = MascParams.from_dict({"max_steps": 1000}, preset=PRESET)
-    r = run_unlearning(str(model_dir), data["forget"], data["retain"], params=params, device="cpu").result
+    r = run_unlearning(str(model_dir), data["forget"], data["retain"], params=params, device="cpu").result.as_dict()
     t = r["timing"]
     return {"preset": PRESET, "stop_reason": r["stop_reason"], "steps": r["steps"], "checks": len(r["v_trace"]),
             "final_v": r["final_violation_rate"], "validation": r["validation"],

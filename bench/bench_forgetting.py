@@ -26,10 +26,11 @@ from worker.engine.evaluate import exact_match, greedy_continuations
 from worker.engine.extraction import greedy_leaks, request_secrets, sampled_leaks
 from worker.engine.fixture import FixtureConfig, build_fixture
 from worker.engine.loading import Policy, context_length, load_model
+from worker.engine.methods import params_for
 from worker.engine.methods.masc import Masc
 from worker.engine.metrics.degeneration import answer_perplexity, degeneration
 from worker.engine.metrics.text import generation_metrics
-from worker.engine.params import AS_PUBLISHED, MascParams, params_for
+from worker.engine.params import AS_PUBLISHED, MascParams
 from worker.engine.quantize import quantized_copy
 from worker.engine.records import encode_record
 from worker.engine.relearn import relearning_probe
@@ -105,9 +106,9 @@ def run(source: str, forget, retain, sets, neighbour_ids, values: dict, method: 
         preset: str | None = None) -> dict:
     started = time.perf_counter()
     params = MascParams.from_dict(values, preset=preset) if method == "masc" else params_for(method, values)
-    outcome = run_unlearning(source, forget, retain, params=params, method=method)
+    outcome = run_unlearning(source, forget, retain, params=params)
     seconds = time.perf_counter() - started
-    r = outcome.result
+    r = outcome.result.as_dict()
     row = {"stop_reason": r["stop_reason"], "steps": r["steps"], "seconds": round(seconds, 1),
            "alpha": (r.get("alpha") or {}).get("value"), "final_v": r.get("final_violation_rate"),
            "records_meeting_condition": (r.get("erasure") or {}).get("records_meeting_condition"),

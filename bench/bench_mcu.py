@@ -22,7 +22,7 @@ from bench.mini_tofu import ROOT, fixture, splits, tofu_records, update_benchmar
 from worker.engine.loading import save_model
 from worker.engine.mcu.params import McuParams
 from worker.engine.mcu.run import run_connectivity
-from worker.engine.params import params_for
+from worker.engine.methods import params_for
 from worker.engine.runtime import library_versions
 from worker.engine.unlearn import run_unlearning
 
@@ -41,7 +41,7 @@ def log(line: str) -> None:
 def unlearn(source: Path, forget: list[dict], retain: list[dict], out: Path) -> dict:
     outcome = run_unlearning(str(source), forget, retain, params=params_for("masc", MASC_VALUES, preset=PRESET))
     save_model(outcome.model, outcome.tokenizer, out)
-    r = outcome.result
+    r = outcome.result.as_dict()
     return {"steps": r["steps"], "stop_reason": r["stop_reason"], "seconds": round(r["wall_seconds"], 1)}
 
 

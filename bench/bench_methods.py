@@ -15,13 +15,12 @@ import torch
 from bench.mini_tofu import ROOT, fixture, loaded, update_benchmarks
 from worker.engine.audit import evaluate
 from worker.engine.loading import load_model
+from worker.engine.methods import METHODS, params_for
 from worker.engine.metrics.stats import ks_p_value
-from worker.engine.params import params_for
 from worker.engine.runtime import library_versions
 from worker.engine.unlearn import run_unlearning
 
 MASC_PRESET = "tofu-llama2"
-METHODS = ["masc", "ga", "graddiff", "npo", "npo_kl", "simnpo", "rmu"]
 # The default budget forgets nothing on this fixture, so the two baselines the target names are also run
 # with their budget scaled (epochs, LoRA lr) until they do; MASC with a larger lr is what was tried for it.
 SCALED = [(m, {"epochs": e, "lr": lr}) for m in ("graddiff", "npo_kl")
@@ -64,8 +63,8 @@ def main() -> None:
         if method == "masc" and preset:
             values = {"max_steps": 2000, **values}
         params = params_for(method, values, preset=preset)
-        outcome = run_unlearning(str(full), data["forget"], data["retain"], method=method, params=params, device="cpu")
-        r = outcome.result
+        outcome = run_unlearning(str(full), data["forget"], data["retain"], params=params, device="cpu")
+        r = outcome.result.as_dict()
         checks = [e["v"] for e in r["v_trace"] if e["stage"] == "confirm"] or [e["v"] for e in r["v_trace"]]
         rows.append({"method": label, "stop_reason": r["stop_reason"], "steps": r["steps"],
                      "last_v_on_dval": checks[-1] if checks else None, "v_all_forget": r["final_violation_rate"],

@@ -13,8 +13,8 @@ from sqlalchemy.orm import Session
 
 from service import audit_log
 from service.db import session_scope
+from service.errors import Problem
 from service.models import ApiKey, AuditEntry, utcnow
-from service.problems import Problem
 from service.settings import get_settings
 
 SCOPES = ("jobs:write", "jobs:read", "models:write", "artifacts:read", "metrics:read", "admin")

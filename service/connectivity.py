@@ -1,30 +1,12 @@
-"""Mode connectivity in the database (SPEC section 6): checking a request's MCU options against the
-lineage and the engine's rules, storing each measured curve, and its API view."""
+"""Mode connectivity in the database (SPEC section 6): the versions a request's curves run against, storing
+each measured curve, and its API view."""
 from __future__ import annotations
 
 from sqlalchemy.orm import Session
 
 from service import registry
+from service.errors import invalid, not_found
 from service.models import Connectivity, Job, Model
-from service.problems import invalid, not_found
-from worker.engine.errors import EngineInputError
-from worker.engine.mcu.params import McuParams
-
-
-def engine_values(options: dict) -> dict:
-    """The McuParams values a stored option set stands for."""
-    values = dict(options.get("params") or {})
-    values.update({k: options[k] for k in ("curve", "points", "ensemble", "tolerance") if k in options})
-    return values
-
-
-def check_engine_params(options: dict, prefix: str = "") -> None:
-    """The engine's own rules at submission, so a job never fails later on its MCU parameters.
-    `prefix`: where the options sit in the request body ("mcu." in an unlearning job)."""
-    try:
-        McuParams.from_dict(engine_values(options))
-    except EngineInputError as exc:
-        raise invalid(str(exc), f"{prefix}params.{exc.field}" if exc.field else prefix.rstrip(".")) from None
 
 
 def resolve_against(session: Session, model: Model, base_number: int, against: list) -> list[int]:

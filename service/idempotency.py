@@ -11,9 +11,9 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from service.auth import Principal
+from service.errors import Problem
 from service.jobs import canonical_sha256
 from service.models import IdempotencyRecord
-from service.problems import Problem
 
 
 def idempotent(session: Session, who: Principal, request: Request, key: str | None, body: dict,

@@ -11,8 +11,9 @@ from sqlalchemy import CursorResult, and_, func, or_, select, update
 from sqlalchemy.orm import Session, object_session
 
 from service import audit_log
-from service.models import TERMINAL, Job, utcnow
-from service.problems import Problem, not_found
+from service.errors import Problem, not_found
+from service.models import TERMINAL, Job, Model, new_id, utcnow
+from worker.engine.jobspec import JobSpec
 
 
 def canonical_sha256(value) -> str:
@@ -28,6 +29,20 @@ def forget_evidence(records: list[dict]) -> dict:
                **({"secrets_sha256": [canonical_sha256(x) for x in r["secrets"]]} if r.get("secrets") else {})}
               for r in records]
     return {"count": len(records), "records": hashes, "manifest_sha256": canonical_sha256(hashes)}
+
+
+def new_job(tenant: str, model: Model, spec: JobSpec, *, request_id: str, base_version: int,
+            forget: list[dict], retain: list[dict] | None, max_attempts: int, kind: str = "unlearning",
+            follows_head: bool = False, requested: dict | None = None, holdout: list[dict] | None = None,
+            audit_options: dict | None = None, mcu_options: dict | None = None) -> Job:
+    """A QUEUED job: the checked specification it runs (`spec`, stored canonical), the request's own parameters
+    (`requested`, kept as asked) and the records, of which only the evidence outlives the job."""
+    return Job(id=new_id("job"), tenant=tenant, kind=kind, model_id=model.id, base_version=base_version,
+               follows_head=follows_head, request_id=request_id, method=spec.method or "mcu", preset=spec.preset,
+               params=requested or {}, spec=spec.stored(), state="QUEUED", forget_records=forget,
+               forget_evidence=forget_evidence(forget), retain_records=retain, holdout_records=holdout, progress={},
+               attempt=0, max_attempts=max_attempts, cancel_requested=False, audit_options=audit_options,
+               mcu_options=mcu_options)
 
 
 def check_quota(session: Session, tenant: str, settings) -> None:
@@ -161,6 +176,20 @@ def acquire_lease(session: Session, job_id: str, owner: str, lease_seconds: floa
             job.state = "CANCELLING"
         log_state(job, {"worker": owner})
     return bool(taken)
+
+
+def owned_job(session: Session, job_id: str, owner: str) -> Job | None:
+    """The job, locked for this transaction, while its lease is still `owner`'s; None once a cancel, the sweeper or
+    another worker has taken it: a worker then writes nothing."""
+    job = session.get(Job, job_id, with_for_update=True)
+    if job is None or job.lease_owner != owner or job.state not in ("RUNNING", "CANCELLING"):
+        return None
+    return job
+
+
+def still_ours(owner: str) -> dict:
+    """end_job's compare-and-set terms for a worker ending its own job."""
+    return dict(expected=("RUNNING", "CANCELLING"), conditions=(Job.lease_owner == owner,))
 
 
 def fail_exhausted(session: Session, job_id: str) -> bool:

@@ -9,11 +9,11 @@ from urllib.parse import unquote_to_bytes
 from fastapi import FastAPI
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from service import problems
-from service.api import audit, connectivity, jobs, keys, models, ops
+from service.api import audit, connectivity, jobs, keys, models, ops, problems
+from service.api.problems import problem_response
 from service.auth import ensure_admin_key
 from service.db import session_scope
-from service.problems import Problem, problem_response
+from service.errors import Problem
 from service.settings import get_settings
 from service.sweeper import Sweeper
 

@@ -105,7 +105,10 @@ class Job(Base):
     request_id: Mapped[str] = mapped_column(String(256))
     method: Mapped[str] = mapped_column(String(32))
     preset: Mapped[str | None] = mapped_column(String(64), nullable=True)
-    params: Mapped[dict] = mapped_column(JSON)  # as requested; the engine resolves presets
+    params: Mapped[dict] = mapped_column(JSON)  # as requested (evidence); the job runs `spec`
+    # What the job runs, checked once at submission (worker.engine.jobspec.JobSpec.stored): the method's
+    # parameters with defaults and preset resolved, and the curves' parameters. The worker trusts it.
+    spec: Mapped[dict | None] = mapped_column(JSON, nullable=True)
     state: Mapped[str] = mapped_column(String(16), index=True, default="QUEUED")
     # The data being erased: kept only until the job is terminal (SPEC section 9).
     forget_records: Mapped[list | None] = mapped_column(JSON, nullable=True)

@@ -8,7 +8,7 @@ from datetime import datetime, timezone
 
 from sqlalchemy import and_, or_
 
-from service.problems import invalid
+from service.errors import invalid
 
 
 def encode_token(created_at: datetime, item_id: str) -> str:

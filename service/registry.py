@@ -5,8 +5,8 @@ from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
 from service import audit_log
+from service.errors import not_found
 from service.models import Model, ModelVersion
-from service.problems import not_found
 from service.store import manifest_sha256
 
 

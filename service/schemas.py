@@ -1,15 +1,34 @@
 """Request and response bodies. Unknown fields are refused (extra="forbid")."""
 from __future__ import annotations
 
+import dataclasses
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from worker.engine.mcu.params import McuParams
+from worker.engine.methods import METHODS, all_presets
+from worker.engine.param_base import Rule, help_of, json_schema, rule_of
+
 MAX_VERSION = 999_999_999  # version numbers fit any database's integer
 PLAIN = r"^[^\x00-\x1f\x7f-\x9f]*$"  # no control characters: a NUL reached PostgreSQL as a server error
 PROSE = r"^[^\x00-\x08\x0b\x0c\x0e-\x1f\x7f]*$"  # the same, with tabs and line breaks
 Record = dict[str, Any]  # checked by worker.engine.recordset with the engine's own rules
+
+
+# Read from the registry when the schema is generated, so a method registered later is listed too.
+def _method_params_schema(schema: dict) -> None:
+    schema["anyOf"] = [m.schema() for m in METHODS.values()] + [{"type": "null"}]
+
+
+def _method_names(schema: dict) -> None:
+    schema["enum"] = list(METHODS)
+    schema["description"] = "; ".join(f"{m.name}: {m.summary}" for m in METHODS.values())
+
+
+def _preset_names(schema: dict) -> None:
+    schema["enum"] = [*all_presets(), None]
 
 
 class Strict(BaseModel):
@@ -66,27 +85,53 @@ def _the_parent() -> list[Literal["parent"] | int]:
     return ["parent"]
 
 
-class McuRequest(Strict):
-    """Mode connectivity as part of an unlearning job (SPEC section 6)."""
+def curve_field(name: str) -> Any:
+    """A connectivity option with the engine's own default, help and range (shown in the schema, checked once, by
+    the engine, when the job specification is parsed)."""
+    spec = next(f for f in dataclasses.fields(McuParams) if f.name == name)
+    rule = rule_of(spec) or Rule()
+    extra: dict[str, Any] = {k: v for k, v in (("minimum", rule.ge), ("exclusiveMinimum", rule.gt),
+                                               ("maximum", rule.le), ("exclusiveMaximum", rule.lt)) if v is not None}
+    if rule.choices is not None:
+        extra["enum"] = list(rule.choices)
+    return Field(default=spec.default, description=help_of(spec), json_schema_extra=extra or None)
+
+
+def _curve_params_schema(schema: dict) -> None:
+    schema["anyOf"] = [json_schema(McuParams, title="connectivity parameters"), {"type": "null"}]
+
+
+class CurveOptions(Strict):
+    """The options of a connectivity curve: the common ones by name, the others under `params`."""
+    curve: str = curve_field("curve")
+    points: int = curve_field("points")
+    ensemble: bool = curve_field("ensemble")
+    tolerance: float = curve_field("tolerance")
+    params: dict[str, Any] | None = Field(default=None, json_schema_extra=_curve_params_schema, description=(
+        "further connectivity parameters (fit_steps, space, ensemble_points, ...)"))
+
+    def engine_values(self) -> dict:
+        """The flat connectivity parameters these options stand for."""
+        return {**(self.params or {}), "curve": self.curve, "points": self.points, "ensemble": self.ensemble,
+                "tolerance": self.tolerance}
+
+    @staticmethod
+    def body_field(name: str) -> str:
+        """Where a connectivity parameter sits in these options."""
+        return name if name in ("curve", "points", "ensemble", "tolerance") else f"params.{name}"
+
+
+class McuRequest(CurveOptions):
+    """Mode connectivity as part of an unlearning job (SPEC section 6); the curves use the job's margin."""
     against: list[Literal["parent"] | Annotated[int, Field(ge=1, le=MAX_VERSION)]] = Field(
         default_factory=_the_parent, min_length=1, max_length=5)
-    curve: Literal["linear", "bezier"] = "linear"
-    points: int = Field(default=11, ge=3, le=101)
-    ensemble: bool = False
-    tolerance: float = Field(default=0.05, ge=0, le=1e6)
-    params: dict[str, Any] | None = None  # further engine parameters (fit_steps, space, ensemble_points, ...)
 
 
-class ConnectivityCreate(Strict):
+class ConnectivityCreate(CurveOptions):
     """A connectivity job on its own: the curve between versions a and b of a model."""
     a: int = Field(ge=1, le=MAX_VERSION)
     b: int = Field(ge=1, le=MAX_VERSION)
-    curve: Literal["linear", "bezier"] = "linear"
-    points: int = Field(default=11, ge=3, le=101)
     forget: list[Record] | None = None
-    ensemble: bool = False
-    tolerance: float = Field(default=0.05, ge=0, le=1e6)
-    params: dict[str, Any] | None = None
 
 
 class ConnectivityOut(BaseModel):
@@ -112,16 +157,12 @@ class JobCreate(Strict):
     forget: list[Record] = Field(min_length=1)
     retain: list[Record] | None = None
     holdout: list[Record] | None = None
-    method: Literal["masc", "ga", "graddiff", "npo", "npo_kl", "simnpo", "rmu"] = "masc"
-    preset: str | None = Field(default=None, max_length=64, pattern=PLAIN)
-    params: dict[str, Any] | None = Field(default=None, description=(
-        "Engine parameters, checked with the engine's own rules; none are needed. MASC: alpha and "
-        "record_ceiling (\"auto\", the default: calibrated on the model's own behaviour on counterfactuals of "
-        "the records; or a number), lora_targets (\"auto\": every attention and MLP projection; or module "
-        "names), val_mode (\"train\" or \"holdout\"), secret_focus (\"auto\", the default: a record that names "
-        "its secrets has only them suppressed, the rest of the answer stays fluent; the others are suppressed "
-        "whole; true: extracted secrets too, preset \"secret-focus\"; false: every token, preset "
-        "\"whole-record\"), lr, max_steps, k, rho, eta, beta, lambda_forget, ..."))
+    method: str = Field(default="masc", max_length=64, pattern=PLAIN, json_schema_extra=_method_names)
+    preset: str | None = Field(default=None, max_length=64, pattern=PLAIN, json_schema_extra=_preset_names,
+                               description="MASC's published or named values, under explicit params")
+    params: dict[str, Any] | None = Field(default=None, json_schema_extra=_method_params_schema, description=(
+        "The method's parameters, checked with the engine's own rules; none are needed (the schemas below give "
+        "each method's names, ranges, defaults and meaning)."))
     audit: AuditOptions | None = None
     mcu: McuRequest | None = None
 

@@ -14,7 +14,7 @@ import re
 import tempfile
 from pathlib import Path
 
-from service.problems import Problem, invalid
+from service.errors import Problem, invalid
 from service.settings import Settings
 from service.store import ArtifactStore, safe_relative
 

@@ -96,15 +96,16 @@ def test_masc_runs_saves_and_reloads_on_every_family(family, tokenizer, records,
         # the rule from firing at once; without retain records no prior raises that limit.
         focused = run_unlearning(str(source), records[:3], [], params=MascParams.from_dict(
             {"secret_max_probability": 1e-12, "max_steps": 2, "replay_every": 1, "lr": 1e-3}, preset="secret-focus"))
-        assert focused.result["stop_reason"] == "max_steps" and focused.result["secrets"]["located"] == 3
-        assert all("redistribute" in entry for entry in focused.result["loss_trace"])
+        r = focused.result.as_dict()
+        assert r["stop_reason"] == "max_steps" and r["secrets"]["located"] == 3
+        assert all("redistribute" in entry for entry in r["loss_trace"])
 
     # The default, whole records: rho 1e-12 (tau -27.6): nearly every token of a random model counts as
     # dominant, so with ceilings of 0.01 the rule cannot fire before the cap of 3 steps.
     params = MascParams.from_dict({"rho": 1e-12, "alpha": 0.01, "record_ceiling": 0.01, "max_steps": 3, "lr": 1e-3})
     outcome = run_unlearning(str(source), records[:3], records[3:9], params=params)
-    assert outcome.result["stop_reason"] == "max_steps" and outcome.result["steps"] == 3
-    assert outcome.result["lora"]["count"] == len(targets)
+    assert outcome.result.as_dict()["stop_reason"] == "max_steps" and outcome.result.as_dict()["steps"] == 3
+    assert outcome.result.as_dict()["lora"]["count"] == len(targets)
     base = dict(AutoModelForCausalLM.from_pretrained(source).named_parameters())
     changed = [n for n, p in outcome.model.named_parameters() if n in base and not torch.equal(p, base[n])]
     assert changed, "the merged LoRA update changed no weight"

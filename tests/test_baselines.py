@@ -5,8 +5,8 @@ import torch
 
 from worker.engine.errors import EngineInputError
 from worker.engine.loading import load_model
+from worker.engine.methods import params_for
 from worker.engine.metrics.forward import token_stats
-from worker.engine.params import params_for
 from worker.engine.records import encode_records, normalise_records
 from worker.engine.unlearn import run_unlearning
 
@@ -31,10 +31,12 @@ def test_each_baseline_lowers_forget_likelihood(method, values, fixture_model, f
     _, tokenizer, before = base
     params = params_for(method, {"epochs": 8, "effective_batch": 4, **values})
     steps = []
-    outcome = run_unlearning(str(fixture_model), forget_records, retain_records, method=method, params=params,
+    outcome = run_unlearning(str(fixture_model), forget_records, retain_records, params=params,
                              progress=steps.append)
-    r = outcome.result
-    assert r["stop_reason"] == "budget" and r["steps"] == r["budget_steps"] == len(steps) == 24  # 8 x ceil(10/4)
+    r = outcome.result.as_dict()
+    # One report per step (8 x ceil(10/4)), then the last one again with V measured at the end.
+    assert r["stop_reason"] == "budget" and r["steps"] == r["budget_steps"] == len(steps) - 1 == 24
+    assert steps[-1]["violation_rate"] == r["final_violation_rate"] and steps[-2]["violation_rate"] is None
     assert r["method"] == method and r["bound"]["aggregate"]["records"] == len(forget_records)
     assert forget_loglik(outcome.model, tokenizer, forget_records) < before - 0.05
 
@@ -42,13 +44,32 @@ def test_each_baseline_lowers_forget_likelihood(method, values, fixture_model, f
 def test_rmu_updates_only_the_mlp_output_projections_it_names(fixture_model, forget_records, retain_records, base):
     original = base[0].state_dict()
     params = params_for("rmu", {"lora": False, "lr": 1e-3, "epochs": 2, "effective_batch": 4, "rmu_layer": 1})
-    outcome = run_unlearning(str(fixture_model), forget_records, retain_records, method="rmu", params=params)
+    outcome = run_unlearning(str(fixture_model), forget_records, retain_records, params=params)
     changed = {k for k, v in outcome.model.state_dict().items() if not torch.equal(v, original[k])}
     assert changed == {"model.layers.0.mlp.down_proj.weight", "model.layers.1.mlp.down_proj.weight"}
 
 
+def test_a_method_registered_from_its_own_module_runs_in_the_shared_loop(fixture_model, forget_records,
+                                                                         retain_records, base):
+    """A new method is one module (tests/toy_method.py) and one registration: the loop, the budget, the
+    measurement and the result come with it."""
+    from tests.toy_method import TOY
+    from worker.engine.methods import METHODS, register_method
+
+    register_method(TOY)
+    try:
+        outcome = run_unlearning(str(fixture_model), forget_records, retain_records,
+                                 params=params_for("toy_ascent", {"lr": 5e-3, "effective_batch": 4}))
+    finally:
+        del METHODS[TOY.name]
+    r = outcome.result
+    assert (r.method, r.stop_reason, r.steps, r.params["forget_weight"]) == ("toy_ascent", "budget", 6, 0.5)
+    assert r.measured.per_record is not None and len(r.measured.per_record) == len(forget_records)
+    assert forget_loglik(outcome.model, base[1], forget_records) < base[2] - 0.05
+
+
 def test_the_linear_schedule_warms_up_then_decays():
-    from worker.engine.budget import schedule
+    from worker.engine.training.budget import linear_schedule as schedule
     factor = schedule(warmup_steps=2, total_steps=6)
     assert [factor(s) for s in range(7)] == [0.5, 1.0, 1.0, 0.75, 0.5, 0.25, 0.0]
 
@@ -56,7 +77,7 @@ def test_the_linear_schedule_warms_up_then_decays():
 @pytest.mark.parametrize("method,values,preset,message", [
     ("npo", {"alpha": 0.2}, None, "unknown parameter 'alpha' for method npo"),
     ("simnpo", {"epochs": 0}, None, "epochs"),
-    ("graddiff", {}, "tofu-llama2", "presets are MASC's"),
+    ("graddiff", {}, "tofu-llama2", "method graddiff has no presets"),
     ("dpo", {}, None, "unknown method 'dpo'"),
 ])
 def test_bad_baseline_parameters(method, values, preset, message):

@@ -73,3 +73,22 @@ def test_the_engine_imports_no_service_framework():
     leaks = {(m, t) for m, targets in graph.items() if m.startswith("worker.engine")
              for t in targets if t.split(".")[0] in frameworks}
     assert leaks == set()
+
+
+def loaded_by(*modules: str) -> set[str]:
+    """The top-level packages a fresh interpreter has loaded after importing `modules`."""
+    import subprocess
+    import sys
+
+    code = f"import sys; import {', '.join(modules)}; print(' '.join(sorted({{m.split('.')[0] for m in sys.modules}})))"
+    return set(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                              cwd=ROOT).stdout.split())
+
+
+def test_the_worker_loads_no_web_framework_and_the_api_no_torch():
+    """The worker raises the domain's errors, not HTTP ones; the API checks requests with the engine's torch-free
+    contract (registry, parameters, record checks)."""
+    worker = loaded_by("worker.runner", "worker.celery_app")
+    assert not worker & {"fastapi", "starlette"}, worker & {"fastapi", "starlette"}
+    api = loaded_by("service.main")
+    assert not api & {"torch", "transformers", "peft"}, api & {"torch", "transformers", "peft"}

@@ -36,7 +36,7 @@ def test_defaults_erase_every_record_and_keep_the_rest(fixture_model, unlearned,
     assert exact_match(base, tokenizer, forget)["value"] == 1.0
     before_retain = exact_match(base, tokenizer, retain)["value"]
     outcome, _ = unlearned
-    r = outcome.result
+    r = outcome.result.as_dict()
     assert r["stop_reason"] == "alpha"
     assert r["final_violation_rate"] <= r["alpha"]["value"]
     # Every record was trained on and checked; none is reproduced, each is at or below its ceiling.
@@ -58,7 +58,7 @@ def test_defaults_erase_every_record_and_keep_the_rest(fixture_model, unlearned,
 def test_auto_alpha_is_theta0_violation_on_the_records_counterfactuals(fixture_model, unlearned, forget_records):
     """The calibrated target, recomputed by hand: theta_0's v on every perturbed completion, per record."""
     outcome, _ = unlearned
-    r = outcome.result
+    r = outcome.result.as_dict()
     assert r["alpha"]["source"] == "auto"
     assert r["erasure"]["ceilings"]["by_source"] == {"perturbed_completions": len(forget_records)}
     base, tokenizer = load_model(fixture_model, torch.device("cpu"))
@@ -84,7 +84,7 @@ def test_preset_secret_focus_judges_located_records_by_their_secrets(fixture_mod
     forget, retain = encoded(tokenizer, forget_records, "forget"), encoded(tokenizer, retain_records, "retain")
     outcome = run_unlearning(str(fixture_model), forget_records, retain_records,
                              params=MascParams.from_dict({}, preset="secret-focus"))
-    r = outcome.result
+    r = outcome.result.as_dict()
     assert r["stop_reason"] == "alpha"
     assert r["params"]["secret_focus"] is True and 0 < r["secrets"]["located"] < len(forget_records)
     # A record whose secrets are located is judged by them (each secret's probability under its limit, none
@@ -109,7 +109,7 @@ def test_preset_secret_focus_judges_located_records_by_their_secrets(fixture_mod
 
 def test_result_records_the_run(unlearned, forget_records):
     outcome, steps = unlearned
-    r = outcome.result
+    r = outcome.result.as_dict()
     assert r["steps"] == len(r["loss_trace"]) == len(steps) - 1 > 0
     # A progress call each step, and a last one with the V measured at the stop.
     assert [s["step"] for s in steps] == list(range(1, r["steps"] + 1)) + [r["steps"]]
@@ -135,7 +135,7 @@ def test_final_violation_rate_is_the_full_statistic_also_at_max_steps(fixture_mo
                                                                       retain_records):
     outcome = run_unlearning(str(fixture_model), forget_records, retain_records,
                              params=MascParams.from_dict({"max_steps": 7, "lr": 1e-3}))
-    r = outcome.result
+    r = outcome.result.as_dict()
     assert r["stop_reason"] == "max_steps" and r["steps"] == 7
     # Measured again here on the merged model: every record, not the last trigger's estimate.
     policy = Policy(outcome.model, lora=False)
@@ -152,14 +152,14 @@ def test_by_default_focus_goes_to_the_records_that_name_their_secrets(fixture_mo
     named = {r["id"]: dict(r, secrets=[r["completion"].rstrip(".").split()[-1]]) for r in forget_records[:5]}
     forget = [named.get(r["id"], r) for r in forget_records]
     outcome = run_unlearning(str(fixture_model), forget, retain_records, params=MascParams.from_dict({"max_steps": 3}))
-    r = outcome.result
+    r = outcome.result.as_dict()
     located = {p["id"] for p in r["per_record"] if p["secret_tokens"]}
     assert located and located <= set(named)  # a closed-vocabulary word shared by others may not be located
     assert (r["secrets"]["focus_requested"], r["secrets"]["focus"], r["secrets"]["given"]) == ("auto", True, 5)
     assert (r["params"]["lambda_retain"], r["params"]["lambda_redistribute"]) == (3.0, 3.0)
     # The same records with secret focus forced on: extracted secrets are located on the others too.
     forced = run_unlearning(str(fixture_model), forget, retain_records,
-                            params=MascParams.from_dict({"max_steps": 1, "secret_focus": True})).result
+                            params=MascParams.from_dict({"max_steps": 1, "secret_focus": True})).result.as_dict()
     assert {p["id"] for p in forced["per_record"] if p["secret_tokens"]} - set(named)
 
 
@@ -171,7 +171,7 @@ def test_with_secret_focus_the_leak_flags_at_the_end_are_the_models_own_answers(
     outcome = run_unlearning(str(fixture_model), forget_records, retain_records,
                              params=MascParams.from_dict({"secret_focus": True, "max_steps": 6, "replay_every": 3,
                                                           "lr": 1e-3}))
-    r = outcome.result
+    r = outcome.result.as_dict()
     assert r["stop_reason"] == "max_steps" and r["secrets"]["located"] > 0
     # The mean the rule judged: over the records without a located secret.
     unlocated = [p for p in r["per_record"] if not p["secret_tokens"]]
@@ -194,7 +194,7 @@ def test_holdout_mode_lists_the_records_never_trained(fixture_model, people):
     retain = [r for p in people[4:] for r in p]
     outcome = run_unlearning(str(fixture_model), forget, retain,
                              params=MascParams.from_dict({"val_mode": "holdout", "max_steps": 5, "lr": 1e-3}))
-    r = outcome.result
+    r = outcome.result.as_dict()
     validation = r["validation"]
     assert validation["mode"] == "holdout" and validation["n_val"] == 4 and validation["n_train"] == 16
     assert len(validation["never_trained"]) == 4
@@ -233,7 +233,7 @@ def test_cancellation_stops_cleanly_without_a_model(fixture_model, forget_record
     outcome = run_unlearning(str(fixture_model), forget_records, retain_records,
                              params=MascParams.from_dict(FAST), progress=calls.append,
                              should_cancel=lambda: len(calls) >= 3)
-    r = outcome.result
+    r = outcome.result.as_dict()
     assert r["stop_reason"] == "cancelled"
     assert r["steps"] == 3 and outcome.model is None
     # Even a cancelled run reports the statistic measured where it stopped.
@@ -243,9 +243,9 @@ def test_cancellation_stops_cleanly_without_a_model(fixture_model, forget_record
 def test_small_forget_set_cannot_be_held_out_and_says_so(fixture_model, forget_records, retain_records):
     outcome = run_unlearning(str(fixture_model), forget_records[:5], retain_records,
                              params=MascParams.from_dict({**FAST, "val_mode": "holdout"}))
-    validation = outcome.result["validation"]
+    validation = outcome.result.as_dict()["validation"]
     assert validation["mode"] == "train" and validation["n_val"] == 5 and "too small" in validation["reason"]
-    assert outcome.result["stop_reason"] == "alpha"
+    assert outcome.result.as_dict()["stop_reason"] == "alpha"
 
 
 @pytest.mark.parametrize("values", [
@@ -261,7 +261,7 @@ def test_small_forget_set_cannot_be_held_out_and_says_so(fixture_model, forget_r
 def test_other_modes_reach_the_stop_rule(fixture_model, forget_records, retain_records, values):
     outcome = run_unlearning(str(fixture_model), forget_records, retain_records,
                              params=MascParams.from_dict(values))
-    r = outcome.result
+    r = outcome.result.as_dict()
     assert r["stop_reason"] == "alpha", r["v_trace"][-3:]
     assert r["v_trace"][0]["v"] > r["final_violation_rate"]
     assert r["bound"]["aggregate"]["guaranteed"] is (values.get("beta", 1.0) == 1.0)
@@ -272,8 +272,8 @@ def test_truncated_records_are_listed_in_the_result(fixture_model, forget_record
     long_prompt = {**forget_records[0], "id": "long", "prompt": "Question: " * 60 + forget_records[0]["prompt"]}
     outcome = run_unlearning(str(fixture_model), [long_prompt, *forget_records[1:]], retain_records,
                              params=MascParams.from_dict({"max_length": 64, "max_steps": 1, "lr": 1e-3}))
-    assert outcome.result["stop_reason"] == "max_steps" and outcome.result["steps"] == 1
-    [entry] = outcome.result["truncated"]
+    assert outcome.result.as_dict()["stop_reason"] == "max_steps" and outcome.result.as_dict()["steps"] == 1
+    [entry] = outcome.result.as_dict()["truncated"]
     assert entry["id"] == "long" and entry["dropped_prompt_tokens"] > 0
 
 
@@ -292,11 +292,11 @@ def test_a_forget_weight_too_gentle_for_the_model_is_raised_until_the_rule_fires
                                                                                   retain_records):
     gentle = {"lambda_forget": 1e-5, "lr": 1e-3, "escalate_after": 3}
     outcome = run_unlearning(str(fixture_model), forget_records, retain_records, params=MascParams.from_dict(gentle))
-    r = outcome.result
+    r = outcome.result.as_dict()
     assert r["stop_reason"] == "alpha" and r["escalations"]
     weights = [e["lambda_forget"] for e in r["escalations"]]
     assert weights == [1e-5 * 2 ** (i + 1) for i in range(len(weights))]
     # Without escalation the same weight does not get there in as many steps.
     stuck = run_unlearning(str(fixture_model), forget_records, retain_records,
                            params=MascParams.from_dict({**gentle, "escalate_after": 0, "max_steps": r["steps"]}))
-    assert stuck.result["stop_reason"] == "max_steps" and stuck.result["escalations"] == []
+    assert stuck.result.as_dict()["stop_reason"] == "max_steps" and stuck.result.as_dict()["escalations"] == []

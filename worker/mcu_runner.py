@@ -1,49 +1,44 @@
-"""Mode connectivity on a worker (SPEC section 6): the curves an unlearning job asked for, and a
-connectivity job on its own. The engine measures; this module fetches versions, stores the ensemble's
-checkpoint and writes the curves, the ensemble version and the job's end in one transaction."""
+"""Mode connectivity on a worker (SPEC section 6): the curves an unlearning job asked for, and a connectivity
+job on its own. The engine measures; this module fetches versions, stores the ensemble's checkpoint and writes
+the curves, the ensemble version and the job's end in one transaction."""
 from __future__ import annotations
 
+import dataclasses
 import logging
 from pathlib import Path
 
 from service import audit_log, connectivity
 from service.db import session_scope
-from service.jobs import StateChanged, end_job
+from service.jobs import StateChanged, end_job, owned_job, still_ours
 from service.models import Job
 from service.registry import add_version, get_model, get_version
 from service.report import build_connectivity_report
+from service.settings import Settings
 from service.store import ArtifactStore
+from worker.work import LeaseKeeper, Work
 
 log = logging.getLogger("lethe.worker")
 ENSEMBLE_TAG = "mcu-ensemble"
-
-
-def version_dirs(session, tenant: str, model_id: str, numbers: list[int]) -> dict[int, str]:
-    """Store locations of the named versions, read inside the caller's transaction."""
-    model = get_model(session, tenant, model_id)
-    return {n: get_version(session, model, n).location for n in numbers}
 
 
 def fetch(store: ArtifactStore, location: str, tmp: Path, name: str) -> str:
     return str(store.local_path(location) or store.fetch_directory(location, tmp / name))
 
 
-def measure_curves(work: dict, new_dir: str, store: ArtifactStore, tmp: Path, keeper, device: str,
-                   job_id: str) -> list[dict]:
-    """One curve per version named in `against` (the first also gets the ensemble when asked), from that
-    version to the new one. A failure is recorded per curve and does not undo the unlearning."""
-    from worker.engine.mcu.params import McuParams
+def measure_curves(work: Work, new_dir: str, store: ArtifactStore, tmp: Path, keeper: LeaseKeeper,
+                   device: str) -> list[dict]:
+    """One curve per version the job named (the first also gets the ensemble when asked), from that version to
+    the new one. A failure is recorded per curve and does not undo the unlearning."""
     from worker.engine.mcu.run import run_connectivity
 
-    options, curves = work["mcu"], []
-    for i, number in enumerate(options["against"]):
-        values = connectivity.engine_values(options)
-        values["ensemble"] = bool(values.get("ensemble")) and i == 0
+    assert work.spec.connectivity is not None
+    curves: list[dict] = []
+    for i, (number, location) in enumerate(work.curves_from.items()):
+        params = dataclasses.replace(work.spec.connectivity, ensemble=work.spec.connectivity.ensemble and i == 0)
         try:
-            outcome = run_connectivity(fetch(store, work["against_locations"][number], tmp, f"v{number}"), new_dir,
-                                       work["forget"], work["retain"], McuParams.from_dict(values), device=device,
-                                       suppress=number == work["parent"], progress=_progress(keeper),
-                                       should_cancel=keeper.should_stop)
+            outcome = run_connectivity(fetch(store, location, tmp, f"v{number}"), new_dir, work.forget, work.retain,
+                                       params, device=device, suppress=number == work.parent,
+                                       progress=_progress(keeper), should_cancel=keeper.should_stop)
         except InterruptedError:
             return curves  # cancelled or lease lost; the finish decides what that means
         except Exception as exc:
@@ -52,13 +47,13 @@ def measure_curves(work: dict, new_dir: str, store: ArtifactStore, tmp: Path, ke
             continue
         curve = {"a": number, "result": outcome.result}
         if outcome.ensemble is not None:
-            curve["ensemble"] = save_ensemble(outcome, store, tmp, f"jobs/{job_id}/attempt-{work['attempt']}/ensemble")
+            curve["ensemble"] = save_ensemble(outcome, store, tmp, work.folder("ensemble"))
         curves.append(curve)
         del outcome
     return curves
 
 
-def _progress(keeper):
+def _progress(keeper: LeaseKeeper):
     def report(p):
         if "fit_step" in p:
             keeper.latest_progress = {"step": p["fit_step"], "max_steps": p["fit_steps"], "losses": p["losses"]}
@@ -102,17 +97,16 @@ def record_curves(session, job: Job, curves: list[dict], b: int, parent_of_ensem
     return rows
 
 
-def execute_connectivity(job_id: str, work: dict, keeper, settings, store: ArtifactStore, tmp: Path) -> str:
+def execute_connectivity(work: Work, keeper: LeaseKeeper, settings: Settings, store: ArtifactStore,
+                         tmp: Path) -> str:
     """A connectivity job: the curve from version a to version b."""
-    from worker.engine.mcu.params import McuParams
     from worker.engine.mcu.run import run_connectivity
 
-    options = work["mcu"]
+    assert work.spec.connectivity is not None and work.curve_to is not None
+    [(a, a_location)], (b, b_location) = work.curves_from.items(), work.curve_to
     try:
-        outcome = run_connectivity(fetch(store, work["a_location"], tmp, "a"),
-                                   fetch(store, work["b_location"], tmp, "b"),
-                                   work["forget"] or None, work["retain"],
-                                   McuParams.from_dict(connectivity.engine_values(options)), device=settings.device,
+        outcome = run_connectivity(fetch(store, a_location, tmp, "a"), fetch(store, b_location, tmp, "b"),
+                                   work.forget or None, work.retain, work.spec.connectivity, device=settings.device,
                                    progress=_progress(keeper), should_cancel=keeper.should_stop)
     except InterruptedError:
         outcome = None
@@ -120,28 +114,27 @@ def execute_connectivity(job_id: str, work: dict, keeper, settings, store: Artif
         return "lease lost"
     curve = None
     if outcome is not None:
-        curve = {"a": options["a"], "result": outcome.result}
+        curve = {"a": a, "result": outcome.result}
         if outcome.ensemble is not None:
-            curve["ensemble"] = save_ensemble(outcome, store, tmp, f"jobs/{job_id}/attempt-{work['attempt']}/ensemble")
+            curve["ensemble"] = save_ensemble(outcome, store, tmp, work.folder("ensemble"))
     keeper.done.set()
-    ours = dict(expected=("RUNNING", "CANCELLING"), conditions=(Job.lease_owner == keeper.owner,))
     try:
         with session_scope() as session:
-            job = session.get(Job, job_id, with_for_update=True)
-            if job.lease_owner != keeper.owner or job.state not in ("RUNNING", "CANCELLING"):
+            job = owned_job(session, work.job_id, keeper.owner)
+            if job is None:
                 return "lease lost"
-            if curve is None or job.cancel_requested:
-                end_job(job, "CANCELLED", result={"connectivity": []}, **ours)
+            if outcome is None or curve is None or job.cancel_requested:
+                end_job(job, "CANCELLED", result={"connectivity": []}, **still_ours(keeper.owner))
                 return "cancelled"
             model = get_model(session, job.tenant, job.model_id)
-            [row] = record_curves(session, job, [curve], options["b"], get_version(session, model, options["b"]))
-            ids = [row.id]
+            [row] = record_curves(session, job, [curve], b, get_version(session, model, b))
             job.engine_result = outcome.result
             job.report = build_connectivity_report(job, [connectivity.summary(row)], keeper.owner)
             audit_log.append(session, job.tenant, "report.created", job.id, {"report_sha256": job.report["sha256"]})
-            end_job(job, "SUCCEEDED", result={"connectivity": ids,
+            end_job(job, "SUCCEEDED", result={"connectivity": [row.id],
                                               "wall_seconds": outcome.result["timing"]["wall_seconds"],
-                                              "ensemble_version": (row.ensemble or {}).get("version")}, **ours)
-            return f"succeeded: {ids[0]}"
+                                              "ensemble_version": (row.ensemble or {}).get("version")},
+                    **still_ours(keeper.owner))
+            return f"succeeded: {row.id}"
     except StateChanged:  # cancelled or taken over between our read and our write
         return "lease lost"

@@ -13,9 +13,9 @@ from service import audit_log, registry
 from service.api.jobs import checked_records
 from service.auth import Principal, require
 from service.db import INJECTED, transactional
+from service.errors import Problem, invalid
 from service.jobs import forget_evidence
 from service.models import AuditEntry, RetrainReference
-from service.problems import Problem, invalid
 from service.schemas import MAX_VERSION
 from service.settings import get_settings
 

@@ -9,13 +9,15 @@ from service import connectivity, registry
 from service.api.jobs import checked_records, send
 from service.auth import Principal, require
 from service.db import INJECTED, transactional
+from service.errors import invalid
 from service.idempotency import idempotent
-from service.jobs import check_quota, forget_evidence, job_view, log_state
-from service.models import Connectivity, Job, new_id
+from service.jobs import check_quota, job_view, log_state, new_job
+from service.models import Connectivity
 from service.pagination import paginate
-from service.problems import invalid
 from service.schemas import ConnectivityCreate, ConnectivityOut, JobOut, Page
 from service.settings import get_settings
+from worker.engine.errors import EngineInputError
+from worker.engine.jobspec import JobSpec
 
 router = APIRouter(prefix="/v1/models", tags=["connectivity"])
 
@@ -29,7 +31,10 @@ def submit(model_id: str, body: ConnectivityCreate, request: Request, who: Princ
         check_quota(session, who.tenant, settings)
         model = registry.get_model(session, who.tenant, model_id)
         options = body.model_dump(exclude={"forget"})
-        connectivity.check_engine_params(options)
+        try:
+            spec = JobSpec.curve(body.engine_values())
+        except EngineInputError as exc:
+            raise EngineInputError(str(exc), field=exc.field and body.body_field(exc.field)) from None
         forget = checked_records(body.forget, "forget", settings.max_records) if body.forget else []
         if body.a == body.b:
             raise invalid("a and b name the same version; a curve needs two", "b")
@@ -38,11 +43,9 @@ def submit(model_id: str, body: ConnectivityCreate, request: Request, who: Princ
                 registry.get_version(session, model, number)
             except Exception:
                 raise invalid(f"{field}: model {model.id!r} has no version {number}", field) from None
-        job = Job(id=new_id("job"), tenant=who.tenant, kind="connectivity", model_id=model.id, base_version=body.a,
-                  request_id=f"connectivity v{body.a}-v{body.b}", method="mcu", preset=None, params={},
-                  state="QUEUED", forget_records=forget, forget_evidence=forget_evidence(forget),
-                  retain_records=model.retain_records, holdout_records=None, progress={}, attempt=0,
-                  max_attempts=settings.max_attempts, cancel_requested=False, mcu_options=options)
+        job = new_job(who.tenant, model, spec, kind="connectivity", base_version=body.a,
+                      request_id=f"connectivity v{body.a}-v{body.b}", forget=forget, retain=model.retain_records,
+                      max_attempts=settings.max_attempts, mcu_options=options)
         session.add(job)
         session.flush()
         log_state(job, {"kind": "connectivity", "a": body.a, "b": body.b, "curve": body.curve,

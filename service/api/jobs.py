@@ -14,18 +14,18 @@ from sqlalchemy.orm import Session
 from service import connectivity, registry
 from service.auth import Principal, require
 from service.db import INJECTED, session_scope, transactional
+from service.errors import Problem, invalid, not_found
 from service.idempotency import idempotent
-from service.jobs import check_quota, forget_evidence, get_job, job_view, log_state, request_cancel
-from service.models import JOB_STATES, TERMINAL, Job, new_id, utcnow
+from service.jobs import check_quota, get_job, job_view, log_state, new_job, request_cancel
+from service.models import JOB_STATES, TERMINAL, Job, utcnow
 from service.pagination import paginate
-from service.problems import Problem, invalid, not_found
 from service.queue import enqueue
 from service.report_html import render_report
-from service.schemas import JobCreate, JobOut, Page
+from service.schemas import CurveOptions, JobCreate, JobOut, Page
 from service.settings import get_settings
 from service.store import ArtifactStore
 from worker.engine.errors import EngineInputError
-from worker.engine.params import params_for
+from worker.engine.jobspec import JobSpec
 from worker.engine.recordset import normalise_records
 from worker.engine.targets import check_requested, checkpoint_inventory
 
@@ -38,10 +38,19 @@ def checked_records(records, what: str, limit: int) -> list[dict] | None:
         return None
     if len(records) > limit:
         raise invalid(f"{what}: {len(records)} records exceed the limit of {limit}", what)
+    return normalise_records(records, what, allow_empty=what != "forget")
+
+
+def job_spec(body: JobCreate) -> JobSpec:
+    """The request's method, parameters and curves, checked once with the engine's own rules (so that a job never
+    fails later on them), every default and preset resolved: what the worker runs."""
     try:
-        return normalise_records(records, what, allow_empty=what != "forget")
+        return JobSpec.unlearning(body.method, body.params, body.preset,
+                                  body.mcu.engine_values() if body.mcu is not None else None)
     except EngineInputError as exc:
-        raise invalid(str(exc), what) from None
+        if exc.field and exc.field.startswith("mcu."):
+            raise EngineInputError(str(exc), field="mcu." + CurveOptions.body_field(exc.field[4:])) from None
+        raise
 
 
 def check_targets(requested, location: str) -> None:
@@ -50,7 +59,10 @@ def check_targets(requested, location: str) -> None:
     directory = ArtifactStore(get_settings().artifact_root).local_path(location)
     inventory = checkpoint_inventory(directory) if directory is not None and directory.is_dir() else None
     if inventory is not None:
-        check_requested(requested, *inventory)
+        try:
+            check_requested(requested, *inventory)
+        except EngineInputError as exc:
+            raise EngineInputError(str(exc), field=f"params.{exc.field}") from None
 
 
 def send(payload: dict) -> None:
@@ -82,24 +94,18 @@ def submit(body: JobCreate, request: Request, who: Principal = Depends(require("
         forget = checked_records(body.forget, "forget", settings.max_records)
         retain = checked_records(body.retain, "retain", settings.max_records)
         holdout = checked_records(body.holdout, "holdout", settings.max_records)
-        try:  # the engine's own rules, so a job never fails later on its parameters
-            params = params_for(body.method, body.params, preset=body.preset)
-            check_targets(params.lora_targets, version.location)
-        except EngineInputError as exc:
-            raise invalid(str(exc),
-                          f"params.{exc.field}" if exc.field and exc.field != "preset" else exc.field) from None
+        spec = job_spec(body)
+        assert spec.params is not None
+        check_targets(spec.params.lora_targets, version.location)
         mcu = None
         if body.mcu is not None:
-            mcu = body.mcu.model_dump()
-            connectivity.check_engine_params(mcu, "mcu.")
-            mcu["against"] = connectivity.resolve_against(session, model, version.number, body.mcu.against)
-        job = Job(id=new_id("job"), tenant=who.tenant, model_id=model.id, base_version=version.number,
-                  follows_head=body.version is None,
-                  request_id=body.request_id, method=body.method, preset=body.preset, params=body.params or {},
-                  state="QUEUED", forget_records=forget, forget_evidence=forget_evidence(forget),
-                  retain_records=retain if retain is not None else model.retain_records, holdout_records=holdout,
-                  progress={}, attempt=0, max_attempts=settings.max_attempts, cancel_requested=False,
-                  audit_options=body.audit.model_dump() if body.audit else None, mcu_options=mcu)
+            mcu = {**body.mcu.model_dump(), "against": connectivity.resolve_against(session, model, version.number,
+                                                                                    body.mcu.against)}
+        job = new_job(who.tenant, model, spec, request_id=body.request_id, base_version=version.number,
+                      follows_head=body.version is None, requested=body.params, forget=forget,
+                      retain=retain if retain is not None else model.retain_records, holdout=holdout,
+                      audit_options=body.audit.model_dump() if body.audit else None, mcu_options=mcu,
+                      max_attempts=settings.max_attempts)
         session.add(job)
         session.flush()
         log_state(job, {"base_version": job.base_version, "forget": job.forget_evidence["manifest_sha256"],

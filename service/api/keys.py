@@ -10,9 +10,9 @@ from sqlalchemy.orm import Session
 from service import audit_log
 from service.auth import Principal, create_key, forget_cached, is_operator, require
 from service.db import INJECTED, transactional
+from service.errors import Problem, not_found
 from service.models import ApiKey, utcnow
 from service.pagination import paginate
-from service.problems import Problem, not_found
 from service.schemas import ApiKeyCreate, ApiKeyOut, Page
 
 router = APIRouter(prefix="/v1/api-keys", tags=["api keys"])

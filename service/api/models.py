@@ -12,15 +12,14 @@ from sqlalchemy.orm import Session
 from service import registry
 from service.auth import Principal, require
 from service.db import INJECTED, transactional
+from service.errors import Problem, invalid, not_found
 from service.idempotency import idempotent
 from service.models import Model, ModelVersion, new_id
 from service.pagination import paginate
-from service.problems import Problem, invalid, not_found
 from service.schemas import MAX_VERSION, ModelCreate, ModelOut, Page, VersionOut
 from service.settings import get_settings
 from service.sources import copy_source
 from service.store import STREAM_CHUNK, ArtifactStore
-from worker.engine.errors import EngineInputError
 from worker.engine.recordset import normalise_records
 
 router = APIRouter(prefix="/v1/models", tags=["models"])
@@ -49,10 +48,7 @@ def version_out(v: ModelVersion) -> dict:
 def create_model(body: ModelCreate, request: Request, who: Principal = Depends(require("models:write")),
                  session: Session = INJECTED, idempotency_key: str | None = Header(None)):
     def create():
-        try:
-            retain = normalise_records(body.retain, "retain") if body.retain is not None else None
-        except EngineInputError as exc:
-            raise invalid(str(exc), "retain") from None
+        retain = normalise_records(body.retain, "retain") if body.retain is not None else None
         if session.scalar(select(Model).where(Model.tenant == who.tenant, Model.name == body.name)):
             raise Problem(409, "conflict", "Conflict", f"a model named {body.name!r} exists")
         model = Model(id=new_id("mdl"), tenant=who.tenant, name=body.name, source=body.source,

@@ -12,8 +12,8 @@ from sqlalchemy.orm import Session
 
 from service.auth import Principal, is_operator, principal
 from service.db import INJECTED, session_scope, transactional
+from service.errors import Problem
 from service.models import JOB_STATES, Job
-from service.problems import Problem
 from service.queue import broker_reachable, queue_depth
 
 router = APIRouter(tags=["operations"])

@@ -167,6 +167,22 @@ def test_a_missing_lora_target_is_refused_with_the_modules_the_model_has(client,
     assert ok.status_code == 202, ok.text
 
 
+def test_a_job_stores_its_specification_resolved_once(client, registered_model, forget_records):
+    """The request as asked stays as evidence; what the worker runs is the specification, every default and the
+    preset resolved at submission, with the curves on the job's own margin."""
+    body = job_body(registered_model, forget_records, preset="tofu-llama2", params={"max_steps": 1, "k": 3},
+                    mcu={"points": 3, "params": {"fit_steps": 2}})
+    answer = client.post("/v1/unlearning-jobs", headers=auth(), json=body)
+    assert answer.status_code == 202, answer.text
+    with session_scope() as session:
+        job = session.get(Job, answer.json()["id"])
+        assert job.params == {"max_steps": 1, "k": 3} and job.preset == "tofu-llama2"
+        params, curves = job.spec["params"], job.spec["connectivity"]
+    assert (params["method"], params["rho"], params["k"], params["max_steps"], params["batch_size"]) == \
+        ("masc", 0.7, 3, 1, 2)
+    assert (curves["points"], curves["fit_steps"], curves["k"], curves["rho"], curves["eta"]) == (3, 2, 3, 0.7, 0.25)
+
+
 def test_oversize_body_is_413(client, registered_model):
     before = count(Job)
     huge = [{"prompt": "Q", "completion": "x" * 1000} for _ in range(3000)]  # about 3 MB, over the test limit

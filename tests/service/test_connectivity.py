@@ -105,6 +105,11 @@ def test_bad_connectivity_requests_change_nothing(client, registered_model, canc
                                  "mcu": {"against": []}}, "mcu.against"),
         ("/v1/unlearning-jobs", {"model_id": mid, "request_id": "r", "forget": forget_records,
                                  "mcu": {"params": {"space": "diag"}}}, "mcu.params.space"),
+        ("/v1/unlearning-jobs", {"model_id": mid, "request_id": "r", "forget": forget_records,
+                                 "mcu": {"points": 2}}, "mcu.points"),
+        # The curves of an unlearning job measure V with the job's own margin: set it in the job's params.
+        ("/v1/unlearning-jobs", {"model_id": mid, "request_id": "r", "forget": forget_records,
+                                 "mcu": {"params": {"k": 3}}}, "mcu.params.k"),
     ]
     for path, body, field in cases:
         answer = client.post(path, headers=auth(), json=body)

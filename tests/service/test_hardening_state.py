@@ -9,9 +9,9 @@ import pytest
 from sqlalchemy import select, text
 
 from service.db import session_scope
+from service.errors import Problem
 from service.jobs import StateChanged, end_job, fail_exhausted, request_cancel
 from service.models import Job, Model, ModelVersion, utcnow
-from service.problems import Problem
 from service.registry import add_version, get_version, head_version, missing_erasures
 from tests.service.conftest import ADMIN_KEY, auth
 from tests.service.helpers import register

@@ -50,3 +50,39 @@ def test_upgrade_downgrade_upgrade(database, tmp_path):
     finally:
         if name:
             drop_pg_database(name)
+
+
+def test_jobs_not_ended_get_their_specification_when_0005_runs(tmp_path):
+    """Jobs queued before the specification existed are given one, from what they stored, so that the worker
+    can trust every job it takes; ended jobs keep none."""
+    from sqlalchemy import text
+
+    url = f"sqlite:///{tmp_path / 'spec.db'}"
+    migrate(url, "0004")
+    engine = create_engine(url)
+    columns = ("id, tenant, kind, model_id, base_version, follows_head, request_id, method, preset, params, "
+               "state, forget_evidence, progress, attempt, max_attempts, cancel_requested, created_at, updated_at, "
+               "mcu_options")
+    mcu = '{"against": [1], "points": 3, "params": {"k": 4}}'
+    rows = [("job_q", "masc", "tofu-llama2", '{"k": 3}', "QUEUED", mcu),
+            ("job_b", "npo", None, '{"lora": false}', "RUNNING", None),
+            ("job_d", "masc", None, '{}', "SUCCEEDED", None)]
+    with engine.begin() as connection:
+        connection.execute(text("INSERT INTO models (id, tenant, name, source, created_at) VALUES "
+                                "('mdl_1', 't', 'm', '/x', '2026-12-01 00:00:00')"))
+        for job_id, method, preset, params, state, mcu in rows:
+            connection.execute(text(f"INSERT INTO jobs ({columns}) VALUES (:id, 't', 'unlearning', 'mdl_1', 1, 0, "
+                                    ":id, :method, :preset, :params, :state, '{{}}', '{{}}', 0, 3, 0, "
+                                    "'2026-12-01 00:00:00', '2026-12-01 00:00:00', :mcu)"),
+                               dict(id=job_id, method=method, preset=preset, params=params, state=state, mcu=mcu))
+    migrate(url)
+    with engine.connect() as connection:
+        specs = dict(connection.execute(text("SELECT id, spec FROM jobs")).all())
+    engine.dispose()
+    import json
+
+    queued, running = json.loads(specs["job_q"]), json.loads(specs["job_b"])
+    assert queued["params"]["rho"] == 0.7 and queued["params"]["k"] == 3
+    assert queued["connectivity"]["points"] == 3 and queued["connectivity"]["k"] == 3  # the job's margin, not 4
+    assert running["params"]["lr"] == 1e-5 and running["method"] == "npo"
+    assert specs["job_d"] is None

@@ -2,22 +2,34 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import shutil
 import sys
 import tempfile
 from pathlib import Path
 
-from worker.engine.baseline_params import BaselineParams
 from worker.engine.errors import EngineInputError
 from worker.engine.mcu.params import McuParams
-from worker.engine.params import MascParams, params_for
+from worker.engine.methods import METHODS, all_presets, params_for
+from worker.engine.param_base import help_of, user_fields
+
+
+def flag_help(name: str) -> str:
+    """A parameter flag's help: what it does, its rule and its default, per method where they differ."""
+    groups: dict[str, list[str]] = {}  # help text -> the methods it applies to
+    defaults: dict[str, list[str]] = {}  # default -> the methods with it
+    for method in METHODS.values():
+        spec = next((f for f in user_fields(method.params) if f.name == name), None)
+        if spec is not None:
+            groups.setdefault(help_of(spec), []).append(method.name)
+            defaults.setdefault(repr(method.defaults.get(name, spec.default)), []).append(method.name)
+    texts = [text if len(groups) == 1 else f"{', '.join(names)}: {text}" for text, names in groups.items()]
+    shown = [d if len(defaults) == 1 else f"{', '.join(names)} {d}" for d, names in defaults.items()]
+    return "; ".join(texts) + f" [default: {'; '.join(shown)}]"
+
 
 # Every parameter of every method is a flag; params_for refuses those the chosen method lacks.
-PARAM_NAMES = list(dict.fromkeys(f.name for cls in (MascParams, BaselineParams) for f in dataclasses.fields(cls)
-                                 if f.name not in ("lora", "method")))
-
+PARAM_NAMES = list(dict.fromkeys(f.name for m in METHODS.values() for f in user_fields(m.params) if f.name != "lora"))
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -48,13 +60,16 @@ def build_parser() -> argparse.ArgumentParser:
     unlearn.add_argument("--retain")
     unlearn.add_argument("--holdout", help="records the model never saw: membership baseline and alpha calibration")
     unlearn.add_argument("--out", required=True)
-    unlearn.add_argument("--preset")
-    unlearn.add_argument("--method", default="masc")
+    # Checked by the registry, like a request's: one rule, one message.
+    unlearn.add_argument("--preset", help="published or named values: " + ", ".join(all_presets()))
+    unlearn.add_argument("--method", default="masc",
+                         help="; ".join(f"{m.name}: {m.summary}" for m in METHODS.values()) + " [default: masc]")
     unlearn.add_argument("--device", default="auto")
     unlearn.add_argument("--full", action="store_true", help="full fine-tuning with a frozen copy instead of LoRA")
     unlearn.add_argument("--no-progress", action="store_true")
     for name in PARAM_NAMES:
-        unlearn.add_argument("--" + name.replace("_", "-"), dest=name, default=None, metavar="V")
+        unlearn.add_argument("--" + name.replace("_", "-"), dest=name, default=None, metavar="V",
+                             help=flag_help(name).replace("%", "%%"))
 
     curve = commands.add_parser("connectivity", help="the curve between two versions: barriers, analysis")
     curve.add_argument("--a", required=True, help="the version at t = 0 (a from_pretrained directory)")
@@ -64,8 +79,9 @@ def build_parser() -> argparse.ArgumentParser:
     curve.add_argument("--out", required=True, help="a JSON file for the result")
     curve.add_argument("--ensemble-out", help="a new directory for the MCU ensemble (implies --ensemble true)")
     curve.add_argument("--device", default="auto")
-    for f in dataclasses.fields(McuParams):
-        curve.add_argument("--" + f.name.replace("_", "-"), dest="mcu_" + f.name, default=None, metavar="V")
+    for f in user_fields(McuParams):
+        curve.add_argument("--" + f.name.replace("_", "-"), dest="mcu_" + f.name, default=None, metavar="V",
+                           help=f"{help_of(f)} [default: {f.default!r}]".replace("%", "%%"))
     return parser
 
 
@@ -106,6 +122,7 @@ def cmd_unlearn(args) -> int:
 
     from worker.engine.loading import save_model
     from worker.engine.records import read_records
+    from worker.engine.training.result import RuleEvidence
     from worker.engine.unlearn import run_unlearning
 
     values = {name: getattr(args, name) for name in PARAM_NAMES if getattr(args, name) is not None}
@@ -118,7 +135,7 @@ def cmd_unlearn(args) -> int:
     out = Path(args.out)
     staging = prepare_out(out)
     try:
-        bar = tqdm(total=getattr(params, "max_steps", None), unit="step", disable=args.no_progress, file=sys.stderr)
+        bar = tqdm(unit="step", disable=args.no_progress, file=sys.stderr)
 
         def progress(p):
             bar.total = p["max_steps"]
@@ -126,19 +143,20 @@ def cmd_unlearn(args) -> int:
             v = p["violation_rate"]
             bar.set_postfix(loss=f"{p['losses']['total']:.4f}", V="-" if v is None else f"{v:.3f}")
 
-        outcome = run_unlearning(args.model, forget, retain, holdout=holdout, params=params, method=args.method,
-                                 device=args.device, progress=progress)
+        outcome = run_unlearning(args.model, forget, retain, holdout=holdout, params=params, device=args.device,
+                                 progress=progress)
         bar.close()
         if outcome.model is not None:
             save_model(outcome.model, outcome.tokenizer, staging / "model")
-        (staging / "result.json").write_text(json.dumps(outcome.result, indent=2))
+        (staging / "result.json").write_text(json.dumps(outcome.result.as_dict(), indent=2))
         commit_out(staging, out)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     r = outcome.result
-    alpha = (r.get("alpha") or {}).get("value")
-    print(f"stop_reason={r['stop_reason']} steps={r['steps']} V={r['final_violation_rate']} alpha={alpha} "
-          f"wall_seconds={r['wall_seconds']:.1f} out={out}")
+    evidence = r.measured.evidence
+    alpha = evidence.alpha.get("value") if isinstance(evidence, RuleEvidence) else None
+    print(f"stop_reason={r.stop_reason} steps={r.steps} V={r.final_violation_rate} alpha={alpha} "
+          f"wall_seconds={r.wall_seconds:.1f} out={out}")
     return 0
 
 
@@ -147,7 +165,7 @@ def cmd_connectivity(args) -> int:
     from worker.engine.mcu.run import run_connectivity
     from worker.engine.records import read_records
 
-    values = {f.name: getattr(args, "mcu_" + f.name) for f in dataclasses.fields(McuParams)
+    values = {f.name: getattr(args, "mcu_" + f.name) for f in user_fields(McuParams)
               if getattr(args, "mcu_" + f.name) is not None}  # text; McuParams.from_dict coerces and checks
     if args.ensemble_out:
         values["ensemble"] = True

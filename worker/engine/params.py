@@ -5,125 +5,103 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
-from worker.engine.baseline_params import BASELINES, BaselineParams
-from worker.engine.errors import EngineInputError
-from worker.engine.param_base import SharedParams, _number, auto_or
+from worker.engine.param_base import SharedParams, _number, internal, param, parse_params
 
 
 @dataclass
 class MascParams(SharedParams):
+    method: str = internal("masc", "the method these parameters are for")
     # The objective (SPEC section 3).
-    alternatives: str = "self"  # "self" or "teacher"
-    k: int = 10
-    beta: float = 1.0
-    rho: float = 0.5
-    eta: float = 0.5
-    delta: float = 0.5  # teacher mode: keep alternatives within delta logits of theta_0's best
-    lambda_forget: float = 0.01  # measured: 0.1 (the paper's) costs neighbours on models of 1-4 M parameters
-    escalate_after: int = 10  # checks without progress before lambda_forget doubles (up to 1); 0: never. With
-    # secret_focus also when too slow for max_steps, up to max(1, lambda_retain) (worker.engine.schedule)
+    alternatives: str = param("self", "where the k alternatives come from: the current model (\"self\") or theta_0 "
+                                      "(\"teacher\")", choices=("self", "teacher"))
+    k: int = param(10, "alternatives in the restricted margin (the k highest-logit tokens other than the gold one)",
+                   ge=1, le=4096)
+    beta: float = param(1.0, "inverse temperature of the restricted margin (Proposition 1 holds at 1)", gt=0)
+    rho: float = param(0.5, "a token is suppressed when its restricted probability is <= rho (tau = log rho/(1-rho))",
+                       gt=0, lt=1)
+    eta: float = param(0.5, "width of the buffered hinge below tau", gt=0)
+    delta: float = param(0.5, "teacher mode: keep alternatives within delta logits of theta_0's best non-gold token",
+                         ge=0)
+    # Measured: 0.1 (the paper's) costs neighbours on models of 1-4 M parameters.
+    lambda_forget: float = param(0.01, "weight of the forget hinge (the loop doubles it when the rule stalls, see "
+                                       "escalate_after)", gt=0)
+    escalate_after: int = param(10, "checks without progress before lambda_forget doubles, up to 1 (with secret "
+                                    "focus also when too slow for max_steps, up to max(1, lambda_retain))",
+                                ge=0, note="0: never")
     # "auto": 3 where secret focus runs (it kept retain exact match on the customer benchmark, issue 11), else 1.
-    lambda_retain: float | str = "auto"
-    retain_loss: str = "kl"  # "kl" (KL(pi_0 || pi_theta)) or "nll"
-    # With the KL retain term: also keep each retain token's argmax gap as theta_0 had it, up to keep_gap
-    # logits (worker.engine.margin.kept_argmax_hinge), weighted lambda_keep inside the retain term. 0: off.
-    # "auto": 3 with secret_focus and the KL retain term (measured: 3 kept retain EM >= 0.976 on the customer
-    # benchmark where 1 let it fall to 0.929, issue 11); 0 otherwise (whole records, as published, or "nll",
-    # which has no theta_0 to keep gaps from).
-    lambda_keep: float | str = "auto"
-    keep_gap: float = 2.0
-    # Secrets (worker.engine.secret_spans): take the secret's tokens out and keep the rest of the answer at
-    # theta_0 (fluent); off: every token of every record is suppressed, as in the paper (preset
-    # "whole-record"); true: every record, its secrets given or extracted (preset "secret-focus").
-    # "auto": on for the records whose request names their `secrets`, the others suppressed whole. Named
-    # secrets are exactly what must not come out: on the customer benchmark focus leaks nothing and loops
-    # <= 8 % where whole records leak 2 of 12 and loop 8-25 %. Extracted ones are a guess that covers about
-    # half of a prose answer: on mini-TOFU focusing on them ran to max_steps and kept retain exact match
-    # 0.660 against 0.990 (BENCHMARKS.md, issue 11). A record with no located secret is suppressed whole.
-    secret_focus: bool | str = "auto"
-    secret_max_probability: float = 0.01  # the rule: no secret may still be sampled whole more often
-    # a secret token's restricted probability target (>= its probability): <= secret_max_probability
-    rho_secret: float = 0.01
-    lambda_fluency: float = 1.0  # KL(pi_0 || pi_theta) on the forget answers' other tokens
-    # KL(theta_0 without the secret token || pi_theta) at secret tokens. "auto": 3 (as the preset "secret-focus").
-    lambda_redistribute: float | str = "auto"
-    replay_every: int = 25  # steps between refreshes of the model's own answers to forget prompts (0: off)
-    replay_records: int = 32  # forget prompts answered at each refresh
+    lambda_retain: float | str = param("auto", "weight of the retain term; \"auto\": 3 where secret focus runs, "
+                                               "else 1", ge=0, auto=True)
+    retain_loss: str = param("kl", "retain term: KL(pi_0 || pi_theta) on retain tokens, or their NLL",
+                             choices=("kl", "nll"))
+    # "auto": 3 with secret_focus and the KL retain term (3 kept retain EM >= 0.976 on the customer benchmark where
+    # 1 let it fall to 0.929, issue 11); 0 otherwise (whole records, as published, or "nll", which has no theta_0
+    # to keep gaps from).
+    lambda_keep: float | str = param("auto", "with the KL retain term: weight of keeping each retain token's argmax "
+                                             "gap as theta_0 had it, up to keep_gap logits; \"auto\": 3 with secret "
+                                             "focus, else 0", ge=0, auto=True, note="0: off")
+    keep_gap: float = param(2.0, "the largest argmax gap (logits) lambda_keep holds", gt=0)
+    # Named secrets are exactly what must not come out: on the customer benchmark focus leaks nothing and loops
+    # <= 8 % where whole records leak 2 of 12 and loop 8-25 %. Extracted ones are a guess that covers about half
+    # of a prose answer: on mini-TOFU focusing on them ran to max_steps and kept retain exact match 0.660
+    # against 0.990 (BENCHMARKS.md, issue 11). A record with no located secret is suppressed whole.
+    secret_focus: bool | str = param(
+        "auto", "suppress only a record's secrets and keep the rest of its answer at theta_0 (fluent): \"auto\" "
+                "for the records whose request names their secrets (the others suppressed whole); true: every "
+                "record, secrets given or extracted; false: every token, as in the paper",
+        choices=(True, False, "auto"))
+    secret_max_probability: float = param(0.01, "the rule: no secret may still be sampled whole more often",
+                                          gt=0, lt=1)
+    rho_secret: float = param(0.01, "a secret token's restricted-probability target (>= its probability)", gt=0, lt=1)
+    lambda_fluency: float = param(1.0, "secret focus: weight of KL(pi_0 || pi_theta) on the answers' other tokens",
+                                  ge=0)
+    lambda_redistribute: float | str = param(
+        "auto", "secret focus: weight of KL(theta_0 without the secret token || pi_theta) at secret tokens; "
+                "\"auto\": 3", ge=0, auto=True)
+    replay_every: int = param(25, "secret focus: steps between refreshes of the model's own answers to forget "
+                                  "prompts", ge=0, note="0: off")
+    replay_records: int = param(32, "forget prompts answered at each refresh", ge=1, le=4096)
     # Sampling: retain batches lean towards the forget set's nearest neighbours (worker.engine.neighbours).
-    retain_batch_size: int = 0  # 0: batch_size
-    neighbour_share: float = 0.5  # share of retain rows drawn from the nearest neighbours
-    neighbour_fraction: float = 0.25  # the nearest neighbours: this top share of retain records by similarity
+    retain_batch_size: int = param(0, "retain records per step", ge=0, le=4096, note="0: batch_size")
+    neighbour_share: float = param(0.5, "share of retain rows drawn from the forget set's nearest neighbours",
+                                   ge=0, le=1)
+    neighbour_fraction: float = param(0.25, "the nearest neighbours: this top share of retain records by "
+                                            "similarity", gt=0, le=1)
     # The online stop rule (worker.engine.stop_rule): V <= alpha, and per record v_i <= c_i and no greedy
-    # reproduction. "auto": calibrated on theta_0's behaviour on unseen text of the same shape.
-    alpha: float | str = "auto"
-    record_ceiling: float | str = "auto"
-    check_every: int = 5
-    trigger_size: int = 8  # holdout mode: records sampled by the trigger
-    confirm_size: int = 0  # 0: confirm on every record of D_val (needed for the per-record condition)
-    val_mode: str = "train"  # "train": every forget record trained and checked; "holdout": the paper's study
-    holdout_fraction: float = 0.1
-    holdout_min: int = 4
-    hoeffding: bool = False
-    hoeffding_delta: float = 0.05
-    max_steps: int = 1000  # a safety cap only: the rule decides the length
-    # Optimisation (constant lr: the stop rule, not a schedule, decides the length).
-    lr: float = 1e-4
-    weight_decay: float = 0.0
+    # reproduction.
+    alpha: float | str = param("auto", "the rule's target for V = mean_i v_i; \"auto\": calibrated on theta_0's "
+                                       "violation rate on unseen text of the same shape", gt=0, lt=1, auto=True)
+    record_ceiling: float | str = param("auto", "per-record ceiling c_i on v_i; \"auto\": theta_0's v on "
+                                                "counterfactuals of the record", gt=0, le=1, auto=True)
+    check_every: int = param(5, "optimiser steps between checks of the rule", ge=1)
+    trigger_size: int = param(8, "holdout mode: records sampled by the trigger", ge=1)
+    confirm_size: int = param(0, "records of D_val a confirmation measures", ge=0,
+                              note="0: every record, which the per-record condition needs")
+    val_mode: str = param("train", "D_val: \"train\" = every forget record trained and checked; \"holdout\" = "
+                                   "the paper's generalisation study (a seeded sample kept out of training)",
+                          choices=("train", "holdout"))
+    holdout_fraction: float = param(0.1, "holdout mode: share of the forget set kept out", gt=0, lt=1)
+    holdout_min: int = param(4, "holdout mode: fewest records kept out (and kept for training)", ge=1)
+    hoeffding: bool = param(False, "stop on the Hoeffding upper bound of V instead of V itself")
+    hoeffding_delta: float = param(0.05, "confidence of the Hoeffding bound (spent over the confirmations)",
+                                   gt=0, lt=1)
+    max_steps: int = param(1000, "a safety cap only: the rule decides the length (a run that hits it is flagged)",
+                           ge=1, le=1_000_000)
+    # Optimisation: a constant lr, since the stop rule, not a schedule, decides the length.
+    lr: float = param(1e-4, "AdamW learning rate (constant: the rule decides the length)", gt=0, le=1)
 
     @classmethod
     def from_dict(cls, values: dict | None = None, preset: str | None = None) -> MascParams:
         """Preset values first, then explicit ones; unknown names and bad values raise."""
-        merged: dict = {}
-        if preset is not None:
-            if preset not in PRESETS:
-                raise EngineInputError(
-                    f"unknown preset {preset!r}; known presets: {', '.join(sorted(PRESETS))}",
-                    field="preset")
-            merged.update(PRESETS[preset])
-        merged.update(values or {})
-        return cls._build(merged)
+        return parse_params(cls, "masc", values, preset, PRESETS)
 
-    def validate(self) -> None:
-        super().validate()
-        need = self.need
-        need(auto_or(self.alpha, lambda v: 0 < v < 1), "alpha", "must be \"auto\" or lie in (0, 1)")
-        need(auto_or(self.record_ceiling, lambda v: 0 < v <= 1), "record_ceiling",
-             "must be \"auto\" or lie in (0, 1]")
-        need(0 <= self.retain_batch_size <= 4096, "retain_batch_size", "must lie in [0, 4096] (0: batch_size)")
-        need(0 <= self.neighbour_share <= 1, "neighbour_share", "must lie in [0, 1]")
-        need(0 < self.neighbour_fraction <= 1, "neighbour_fraction", "must lie in (0, 1]")
-        need(0 < self.rho < 1, "rho", "must lie in (0, 1)")
-        need(0 < self.secret_max_probability < 1, "secret_max_probability", "must lie in (0, 1)")
-        need(0 < self.rho_secret < 1, "rho_secret", "must lie in (0, 1)")
-        need(self.lambda_fluency >= 0, "lambda_fluency", "must be >= 0")
-        need(auto_or(self.lambda_redistribute, lambda v: v >= 0), "lambda_redistribute",
-             "must be \"auto\" or >= 0")
-        need(self.secret_focus in (True, False, "auto"), "secret_focus", "must be true, false or \"auto\"")
-        need(self.replay_every >= 0, "replay_every", "must be >= 0 (0: off)")
-        need(1 <= self.replay_records <= 4096, "replay_records", "must lie in [1, 4096]")
-        need(1 <= self.k <= 4096, "k", "must lie in [1, 4096]")
-        need(self.beta > 0, "beta", "must be > 0")
-        need(self.eta > 0, "eta", "must be > 0")
-        need(self.delta >= 0, "delta", "must be >= 0")
-        need(self.alternatives in ("self", "teacher"), "alternatives", "must be 'self' or 'teacher'")
-        need(self.retain_loss in ("kl", "nll"), "retain_loss", "must be 'kl' or 'nll'")
-        need(self.lambda_forget > 0, "lambda_forget", "must be > 0")
-        need(self.escalate_after >= 0, "escalate_after", "must be >= 0 (0: never)")
-        need(auto_or(self.lambda_retain, lambda v: v >= 0), "lambda_retain", "must be \"auto\" or >= 0")
-        need(auto_or(self.lambda_keep, lambda v: v >= 0), "lambda_keep", "must be \"auto\" or >= 0 (0: off)")
-        need(self.lambda_keep in ("auto", 0) or self.retain_loss == "kl", "lambda_keep",
-             "needs retain_loss \"kl\" (it is part of that term)")
-        need(self.keep_gap > 0, "keep_gap", "must be > 0")
-        need(self.check_every >= 1, "check_every", "must be >= 1")
-        need(self.trigger_size >= 1, "trigger_size", "must be >= 1")
-        need(self.confirm_size >= 0, "confirm_size", "must be >= 0 (0: all of D_val)")
-        need(self.val_mode in ("holdout", "train"), "val_mode", "must be holdout or train")
-        need(0 < self.holdout_fraction < 1, "holdout_fraction", "must lie in (0, 1)")
-        need(self.holdout_min >= 1, "holdout_min", "must be >= 1")
-        need(0 < self.hoeffding_delta < 1, "hoeffding_delta", "must lie in (0, 1)")
-        need(1 <= self.max_steps <= 1_000_000, "max_steps", "must lie in [1, 1000000]")
-        need(0 < self.lr <= 1, "lr", "must lie in (0, 1]")
-        need(self.weight_decay >= 0, "weight_decay", "must be >= 0")
+    def check(self) -> None:
+        super().check()
+        self.need(self.lambda_keep in ("auto", 0) or self.retain_loss == "kl", "lambda_keep",
+                  "needs retain_loss \"kl\" (it is part of that term)")
+
+    def margin(self) -> dict[str, float]:
+        """The restricted margin that defines V and the hinge, for a connectivity curve of this job."""
+        return {"k": self.k, "rho": self.rho, "eta": self.eta, "beta": self.beta}
 
     @property
     def tau(self) -> float:
@@ -182,14 +160,3 @@ PRESETS: dict[str, dict] = {
     # (BENCHMARKS.md). What the default does where the request names secrets, here also for extracted ones.
     "secret-focus": dict(secret_focus=True, lambda_retain=3.0, lambda_redistribute=3.0, lambda_keep="auto"),
 }
-
-
-def params_for(method: str, values: dict | None = None, preset: str | None = None):
-    """The parameters of any method by name: MascParams (with presets) or BaselineParams."""
-    if method == "masc":
-        return MascParams.from_dict(values, preset=preset)
-    if method not in BASELINES:
-        raise EngineInputError(f"unknown method {method!r}; known: masc, {', '.join(BASELINES)}", field="method")
-    if preset is not None:
-        raise EngineInputError(f"presets are MASC's; method {method} takes its field defaults", field="preset")
-    return BaselineParams.from_dict(method, values)

@@ -38,38 +38,38 @@ def read_records(path: str | Path) -> list[dict]:
 def normalise_records(records, what: str, *, allow_empty: bool = False) -> list[dict]:
     """Check every record and map TOFU rows; errors name the set and the record."""
     if not isinstance(records, list):
-        raise EngineInputError(f"{what} set: expected a list of records")
+        raise EngineInputError(f"{what} set: expected a list of records", field=what)
     if not records and not allow_empty:
-        raise EngineInputError(f"{what} set is empty")
+        raise EngineInputError(f"{what} set is empty", field=what)
     out, seen = [], set()
     for index, record in enumerate(records):
         if not isinstance(record, dict):
-            raise EngineInputError(f"{what} record {index}: expected an object")
+            raise EngineInputError(f"{what} record {index}: expected an object", field=what)
         record = {TOFU_FIELDS.get(key, key): value for key, value in record.items()}
         rid = str(record.get("id", index))
         name = f"{what} record {index} (id {rid!r})"
         if rid in seen:
-            raise EngineInputError(f"{name}: duplicate id")
+            raise EngineInputError(f"{name}: duplicate id", field=what)
         seen.add(rid)
         has_pair = "prompt" in record or "completion" in record
         if has_pair and "text" in record:
-            raise EngineInputError(f"{name}: has both text and prompt/completion; give one form")
+            raise EngineInputError(f"{name}: has both text and prompt/completion; give one form", field=what)
         if has_pair:
             if not isinstance(record.get("prompt"), str) or not isinstance(record.get("completion"), str):
-                raise EngineInputError(f"{name}: prompt and completion must both be strings")
+                raise EngineInputError(f"{name}: prompt and completion must both be strings", field=what)
             if not record["completion"]:
-                raise EngineInputError(f"{name}: empty completion")
+                raise EngineInputError(f"{name}: empty completion", field=what)
         elif "text" in record:
             if not isinstance(record["text"], str) or not record["text"].strip():
-                raise EngineInputError(f"{name}: text must be a non-empty string")
+                raise EngineInputError(f"{name}: text must be a non-empty string", field=what)
         else:
-            raise EngineInputError(f"{name}: needs prompt and completion, or text")
+            raise EngineInputError(f"{name}: needs prompt and completion, or text", field=what)
         secrets = record.get("secrets")
         if secrets is not None and (not isinstance(secrets, list)
                                     or not all(isinstance(x, str) and x.strip() for x in secrets)):
-            raise EngineInputError(f"{name}: secrets must be a list of non-empty strings")
+            raise EngineInputError(f"{name}: secrets must be a list of non-empty strings", field=what)
         for key, value in record.items():
-            _check_text(name, key, value)
+            _check_text(name, key, value, what)
         out.append({**record, "id": rid})
     return out
 
@@ -77,16 +77,17 @@ def normalise_records(records, what: str, *, allow_empty: bool = False) -> list[
 MAX_RECORD_CHARS = 1_000_000  # per string field: about 250k tokens, far past any context
 
 
-def _check_text(name: str, key: str, value) -> None:
+def _check_text(name: str, key: str, value, what: str) -> None:
     """Strings a database and a tokenizer can hold: no NUL, no lone surrogate, not absurdly long."""
     for text in (value if isinstance(value, list) else [value]):
         if not isinstance(text, str):
             continue
         if len(text) > MAX_RECORD_CHARS:
-            raise EngineInputError(f"{name}: {key} holds {len(text)} characters, over {MAX_RECORD_CHARS}")
+            raise EngineInputError(f"{name}: {key} holds {len(text)} characters, over {MAX_RECORD_CHARS}", field=what)
         if "\x00" in text:
-            raise EngineInputError(f"{name}: {key} holds a NUL character")
+            raise EngineInputError(f"{name}: {key} holds a NUL character", field=what)
         try:
             text.encode("utf-8")
         except UnicodeEncodeError:
-            raise EngineInputError(f"{name}: {key} holds a lone surrogate (not valid Unicode text)") from None
+            raise EngineInputError(f"{name}: {key} holds a lone surrogate (not valid Unicode text)",
+                                   field=what) from None

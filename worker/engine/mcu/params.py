@@ -1,44 +1,46 @@
-"""Parameters of a connectivity run, checked like the unlearning parameters (one error names the field)."""
+"""Parameters of a connectivity run (SPEC section 6), declared like the unlearning parameters (one error names
+the field). Within an unlearning job the margin (k, rho, eta, beta) is the job's own (worker.engine.jobspec)."""
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
 
 from worker.engine.errors import EngineInputError
-from worker.engine.param_base import build
+from worker.engine.param_base import build, check_rules, param
 
-CURVES = ("linear", "bezier")
-SPACES = ("auto", "full", "lora")
+MARGIN_FIELDS = ("k", "rho", "eta", "beta")  # the restricted margin that defines V and the hinge
 
 
 @dataclass
 class McuParams:
-    curve: str = "linear"
-    points: int = 11  # T: t = 0, 1/(T-1), ..., 1
-    tolerance: float = 0.05  # nats: MCU holds when both barriers are at most this
-    # The Bezier control point (SPEC 6): trained with t ~ U(0, 1) on L_retain + lambda_forget * hinge_forget.
-    # "lora": the midpoint plus a trainable rank-r delta on each differing matrix; "full": a full copy of
-    # each differing tensor; "auto": lora when only LoRA-adaptable matrices differ (both ends LoRA-derived).
-    space: str = "auto"
-    lora_r: int = 16
-    fit_steps: int = 100
-    fit_lr: float = 1e-3
-    lambda_forget: float = 1.0
-    batch_size: int = 8
-    eval_batch_size: int = 16
-    # The margin that defines V and the hinge (MASC's defaults).
-    k: int = 10
-    rho: float = 0.5
-    eta: float = 0.5
-    beta: float = 1.0
-    # Suppress-first: a memorisation has "fallen" at the t where it has made this fraction of its drop.
-    suppress_fraction: float = 0.5
-    min_drop: float = 0.02  # below this, a metric is said not to fall at all
-    ensemble: bool = False
-    ensemble_points: int = 5  # T_e interior points
-    max_retain: int = 100  # retain records evaluated (seeded sample)
-    max_length: int = 0
-    seed: int = 0
+    curve: str = param("linear", "the path: the straight line, or a quadratic Bezier curve with a trained control "
+                                 "point", choices=("linear", "bezier"))
+    points: int = param(11, "T: the curve is evaluated at t = 0, 1/(T-1), ..., 1", ge=3, le=101)
+    tolerance: float = param(0.05, "nats: MCU holds when both barriers are at most this", ge=0, le=1e6)
+    # "lora": the midpoint plus a trainable rank-r delta on each differing matrix; "full": a full copy of each
+    # differing tensor; "auto": lora when only LoRA-adaptable matrices differ (both ends LoRA-derived).
+    space: str = param("auto", "Bezier control point over LoRA-style rank-r deltas or full tensors; \"auto\": "
+                               "\"lora\" when only LoRA-adaptable matrices differ", choices=("auto", "full", "lora"))
+    lora_r: int = param(16, "rank of the control point's deltas in the \"lora\" space", ge=1, le=4096)
+    fit_steps: int = param(100, "Bezier: optimiser steps fitting the control point (t ~ U(0, 1) per step)",
+                           ge=0, le=100_000)
+    fit_lr: float = param(1e-3, "Bezier: learning rate of the fit", gt=0, le=1)
+    lambda_forget: float = param(1.0, "Bezier: weight of the forget hinge in the fit (L_retain + lambda * hinge)",
+                                 ge=0)
+    batch_size: int = param(8, "Bezier: records per fitting step", ge=1, le=4096)
+    eval_batch_size: int = param(16, "records per forward pass when evaluating a point", ge=1, le=4096)
+    k: int = param(10, "margin: alternatives (the unlearning job's own within a job)", ge=1, le=4096)
+    rho: float = param(0.5, "margin: suppression threshold rho (the job's own within a job)", gt=0, lt=1)
+    eta: float = param(0.5, "margin: hinge width (the job's own within a job)", gt=0)
+    beta: float = param(1.0, "margin: inverse temperature (the job's own within a job)", gt=0)
+    suppress_fraction: float = param(0.5, "suppress-first: a memorisation has fallen at the t where it has made "
+                                          "this fraction of its drop", gt=0, lt=1)
+    min_drop: float = param(0.02, "suppress-first: a smaller drop counts as not falling at all", ge=0)
+    ensemble: bool = param(False, "also store the MCU ensemble (the weight average of interior points) as a version")
+    ensemble_points: int = param(5, "T_e: interior points averaged by the ensemble", ge=1, le=99)
+    max_retain: int = param(100, "retain records evaluated (a seeded sample)", ge=1)
+    max_length: int = param(0, "longest sequence in tokens", ge=0, note="0: the model's context length")
+    seed: int = param(0, "seed of the retain sample and the fit")
 
     @classmethod
     def from_dict(cls, values: dict | None = None) -> McuParams:
@@ -50,26 +52,7 @@ class McuParams:
             raise EngineInputError(f"MCU parameter {name}={getattr(self, name)!r}: {rule}", field=name)
 
     def validate(self) -> None:
-        need = self.need
-        need(self.curve in CURVES, "curve", f"must be one of {', '.join(CURVES)}")
-        need(self.space in SPACES, "space", f"must be one of {', '.join(SPACES)}")
-        need(3 <= self.points <= 101, "points", "must lie in [3, 101]")
-        need(self.tolerance >= 0, "tolerance", "must be >= 0")
-        need(1 <= self.lora_r <= 4096, "lora_r", "must lie in [1, 4096]")
-        need(0 <= self.fit_steps <= 100_000, "fit_steps", "must lie in [0, 100000]")
-        need(0 < self.fit_lr <= 1, "fit_lr", "must lie in (0, 1]")
-        need(self.lambda_forget >= 0, "lambda_forget", "must be >= 0")
-        need(1 <= self.batch_size <= 4096, "batch_size", "must lie in [1, 4096]")
-        need(1 <= self.eval_batch_size <= 4096, "eval_batch_size", "must lie in [1, 4096]")
-        need(self.k >= 1, "k", "must be >= 1")
-        need(0 < self.rho < 1, "rho", "must lie in (0, 1)")
-        need(self.eta > 0, "eta", "must be > 0")
-        need(self.beta > 0, "beta", "must be > 0")
-        need(0 < self.suppress_fraction < 1, "suppress_fraction", "must lie in (0, 1)")
-        need(self.min_drop >= 0, "min_drop", "must be >= 0")
-        need(1 <= self.ensemble_points <= 99, "ensemble_points", "must lie in [1, 99]")
-        need(self.max_retain >= 1, "max_retain", "must be >= 1")
-        need(self.max_length >= 0, "max_length", "must be >= 0")
+        check_rules(self, self.need)
 
     @property
     def ts(self) -> list[float]:

@@ -3,7 +3,6 @@ import worker.engine.methods.objectives as O
 
 
 class GradientAscent:
-    name = "ga"
 
     def __init__(self, params, policy, pad_id: int):
         self.params, self.policy, self.pad_id = params, policy, pad_id

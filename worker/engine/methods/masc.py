@@ -27,7 +27,6 @@ from worker.engine.stop_rule import RecordCheck
 
 
 class Masc:
-    name = "masc"
 
     def __init__(self, params: MascParams, policy: Policy, pad_id: int):
         # run_unlearning decides secret focus from the request's records; without them, what is set.

@@ -5,7 +5,6 @@ from worker.engine import margin as M
 
 
 class NPO:
-    name = "npo"
     retain_kl = False
 
     def __init__(self, params, policy, pad_id: int):
@@ -26,5 +25,4 @@ class NPO:
 
 
 class NPOKL(NPO):
-    name = "npo_kl"
     retain_kl = True

@@ -30,7 +30,8 @@ def trainable_modules(model, params) -> list[str]:
 
 
 class RMU:
-    name = "rmu"
+    # Only the MLP output projections of layers l-2..l learn (worker.engine.training.setup.build_policy).
+    trainable_modules = staticmethod(trainable_modules)
 
     def __init__(self, params, policy, pad_id: int):
         self.params, self.policy, self.pad_id = params, policy, pad_id

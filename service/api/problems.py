@@ -1,44 +1,20 @@
-"""RFC 9457 problem+json answers, each with a stable `type` per error kind."""
+"""RFC 9457 problem+json answers, each with a stable `type` per error kind: the one place where the domain's
+errors (service.errors.Problem) and the engine's refusals of bad input (EngineInputError) become HTTP."""
 from __future__ import annotations
-
-from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-TYPE_BASE = "https://lethe.dev/problems/"
+from service.errors import Problem, invalid
+from worker.engine.errors import EngineInputError
+
 MEDIA_TYPE = "application/problem+json"
-
-
-class Problem(Exception):
-    def __init__(self, status: int, kind: str, title: str, detail: str | None = None, *,
-                 headers: dict | None = None, **extra):
-        super().__init__(detail or title)
-        self.status, self.kind, self.title, self.detail, self.extra = status, kind, title, detail, extra
-        self.headers = headers or {}
-
-    def body(self, instance: str | None = None) -> dict:
-        body = {"type": TYPE_BASE + self.kind, "title": self.title, "status": self.status}
-        if self.detail:
-            body["detail"] = self.detail
-        if instance:
-            body["instance"] = instance
-        return {**body, **self.extra}
 
 
 def problem_response(problem: Problem, instance: str | None = None, headers: dict | None = None) -> JSONResponse:
     return JSONResponse(problem.body(instance), status_code=problem.status, media_type=MEDIA_TYPE, headers=headers)
-
-
-def not_found(what: str) -> Problem:
-    return Problem(404, "not-found", "Not found", f"{what} does not exist")
-
-
-def invalid(detail: str, field: str | None = None) -> Problem:
-    extra: dict[str, Any] = {"errors": [{"field": field, "message": detail}]} if field else {}
-    return Problem(422, "invalid-request", "Invalid request", detail, **extra)
 
 
 HTTP_KINDS = {401: ("unauthenticated", "Unauthenticated"), 403: ("forbidden", "Forbidden"),
@@ -52,6 +28,11 @@ def install(app: FastAPI) -> None:
     async def _problem(request: Request, exc: Problem):
         headers = {**exc.headers, **({"WWW-Authenticate": "Bearer"} if exc.status == 401 else {})}
         return problem_response(exc, request.url.path, headers or None)
+
+    @app.exception_handler(EngineInputError)
+    async def _engine_input(request: Request, exc: EngineInputError):
+        # The engine's own rules refused a record or parameter; its field says where it sits in the body.
+        return problem_response(invalid(str(exc), exc.field), request.url.path)
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError):

@@ -1,0 +1,150 @@
+"""What a job's run needs, read from the database in one transaction before the run starts (the worker holds
+no session while it trains), and the lease keeper that renews the job's lease while it runs."""
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass, field
+
+from sqlalchemy import select
+
+from service.db import session_scope
+from service.errors import Problem, invalid
+from service.jobs import end_job, heartbeat, log_state
+from service.models import TERMINAL, Job, Model, ModelVersion, RetrainReference
+from service.registry import get_model, get_version, lock_model, missing_erasures
+from service.settings import get_settings
+from worker.engine.jobspec import JobSpec
+
+log = logging.getLogger("lethe.worker")
+
+
+class LeaseKeeper(threading.Thread):
+    """Renews the lease and publishes progress every heartbeat; notices cancellation and a lost lease."""
+
+    def __init__(self, job_id: str, owner: str):
+        super().__init__(name=f"lease-{job_id}", daemon=True)
+        self.job_id, self.owner = job_id, owner
+        self.settings = get_settings()
+        self.latest_progress: dict | None = None
+        self.cancelled = threading.Event()
+        self.lost = threading.Event()
+        self.done = threading.Event()
+
+    def beat(self) -> None:
+        with session_scope() as session:
+            ours, cancel = heartbeat(session, self.job_id, self.owner, self.settings.lease_seconds,
+                                     self.latest_progress)
+        if not ours:
+            self.lost.set()
+        if cancel:
+            self.cancelled.set()
+
+    def run(self) -> None:
+        while not self.done.wait(self.settings.heartbeat_seconds):
+            try:
+                self.beat()
+            except Exception:  # a database hiccup: the lease has slack for a few missed beats
+                log.exception("heartbeat failed for job %s", self.job_id)
+
+    def should_stop(self) -> bool:
+        return self.cancelled.is_set() or self.lost.is_set()
+
+
+@dataclass
+class Work:
+    """What a job's run needs, read in one transaction: the worker holds no database session while it trains."""
+    job_id: str
+    kind: str  # "unlearning" or "connectivity"
+    attempt: int
+    spec: JobSpec  # checked at submission: trusted
+    forget: list[dict]
+    retain: list[dict]
+    holdout: list[dict] = field(default_factory=list)
+    audit_options: dict = field(default_factory=dict)
+    base: str | None = None  # the base version's store location (unlearning)
+    parent: int | None = None  # its number: the new version's parent
+    reference: str | None = None  # the retrain reference's location, if one is registered for this forget set
+    card: dict = field(default_factory=dict)  # the model card's lineage
+    curves_from: dict[int, str] = field(default_factory=dict)  # each curve's start version -> its location
+    curve_to: tuple[int, str] | None = None  # a connectivity job's end version and its location
+
+    def folder(self, name: str) -> str:
+        """This attempt's own folder in the store: a worker that lost its lease but still runs cannot overwrite
+        the files of its successor, whose version points at its own folder."""
+        return f"jobs/{self.job_id}/attempt-{self.attempt}/{name}"
+
+
+def predates(number: int, missing: list[str], detail: str) -> dict:
+    return Problem(409, "version-predates-erasures", "Version predates erasures",
+                   f"version {number} {detail} (request(s) {', '.join(missing[:10])})").body()
+
+
+def read_work(session, job: Job) -> Work | None:
+    """The job's run, read from the database; None when its base version no longer holds every erasure (the job
+    is then FAILED)."""
+    if job.spec is None:  # cannot happen after migration 0005 but for a request that no longer passes
+        end_job(job, "FAILED", error=invalid("the job's stored request no longer passes the engine's checks; "
+                                             "submit it again").body())
+        return None
+    spec = JobSpec.from_stored(job.spec)
+    model = get_model(session, job.tenant, job.model_id)
+    work = Work(job.id, job.kind, job.attempt, spec, job.forget_records or [], job.retain_records or [])
+    if job.kind == "connectivity":
+        options = job.mcu_options or {}
+        ends = version_dirs(session, model, [options["a"], options["b"]])
+        work.curves_from, work.curve_to = {options["a"]: ends[options["a"]]}, (options["b"], ends[options["b"]])
+        return work
+    base = start_version(session, model, job)
+    if base is None:
+        return None
+    reference = session.scalar(select(RetrainReference).where(
+        RetrainReference.model_id == model.id,
+        RetrainReference.forget_manifest_sha256 == job.forget_evidence["manifest_sha256"]))
+    work.holdout, work.audit_options = job.holdout_records or [], job.audit_options or {}
+    work.base, work.parent = base.location, base.number
+    work.reference = get_version(session, model, reference.version_number).location if reference else None
+    work.card = dict(model=model.name, source=model.source, parent=base.number, job=job.id,
+                     erased=[*base.erased_request_ids, job.request_id])
+    if job.mcu_options:
+        work.curves_from = version_dirs(session, model, job.mcu_options["against"])
+    return work
+
+
+def model_busy(session, job_id: str) -> str | None:
+    """Another unlearning job of the same model that has started and not ended: this one waits for it, so
+    that each new version starts from the one before and holds every erasure (issue 12). A lease that
+    expired does not free the model (its worker may only be slow; the sweeper re-sends or fails that job).
+    The model's row is locked first, so two workers cannot both find the model free (released when the
+    caller's transaction ends)."""
+    job = session.get(Job, job_id)
+    if job is None or job.kind == "connectivity" or job.state in TERMINAL:
+        return None
+    lock_model(session, job.model_id)
+    return session.scalar(select(Job.id).where(
+        Job.model_id == job.model_id, Job.id != job_id, Job.kind != "connectivity",
+        Job.state.in_(("RUNNING", "CANCELLING"))).limit(1))
+
+
+def start_version(session, model, job: Job) -> ModelVersion | None:
+    """The version the job starts from: the head now, where the request named none; else the named one,
+    which must still hold every erasure done on the model (else the job FAILS, saying which)."""
+    if job.follows_head:
+        base = get_version(session, model, None)
+        if base.number != job.base_version:
+            job.base_version = base.number
+            log_state(job, {"base_version": base.number, "reason": "the head moved since submission"})
+        return base
+    base = get_version(session, model, job.base_version)
+    if missing := missing_erasures(session, base):
+        end_job(job, "FAILED", error=predates(base.number, missing, "still holds data erased since this job was "
+                                              "submitted; submit again without a version to start from the head"))
+        return None
+    return base
+
+
+def version_dirs(session, model: Model, numbers: list[int]) -> dict[int, str]:
+    """Store locations of the named versions."""
+    return {n: get_version(session, model, n).location for n in numbers}
+
+
