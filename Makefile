@@ -18,11 +18,11 @@ install: $(STAMP)
 
 # The API on http://127.0.0.1:8000 with a real worker process, SQLite, a filesystem broker, a demo model.
 run: $(STAMP)
-	$(PY) -m service.embedded
+	$(PY) -m lethe.embedded
 
 # A scripted client of `make run` (in another terminal): submit, follow, download, compare.
 demo: $(STAMP)
-	$(PY) -m service.demo
+	$(PY) -m lethe.demo
 
 # ruff (lint rules, import order) and mypy (service/, worker/engine/), both configured in pyproject.toml;
 # `make test` runs them first, so CI fails on them.

@@ -19,7 +19,7 @@ import time
 import torch
 
 from bench.mini_tofu import CACHE, ROOT, fixture, loaded, update_benchmarks
-from worker.engine.audit import RecordSet, retain_utility
+from worker.engine.audit import EvaluationSet, retain_utility
 from worker.engine.calibration import calibrate
 from worker.engine.customers import customer_records, shares_a_name
 from worker.engine.evaluate import exact_match, greedy_continuations
@@ -131,9 +131,9 @@ def customers_block(log) -> list[dict]:
         max_length = context_length(base, tokenizer)
         # Utility from P and ROUGE-L only: these models never saw the paraphrased answers the truth ratio needs.
         plain = [{k: r[k] for k in ("id", "prompt", "completion")} for r in retain]
-        sets = {"forget": RecordSet(forget, tokenizer, max_length, 0, "forget"),
-                "retain": RecordSet(retain, tokenizer, max_length, 0, "retain"),
-                "utility": RecordSet(plain, tokenizer, max_length, 0, "retain"),
+        sets = {"forget": EvaluationSet(forget, tokenizer, max_length, 0, "forget"),
+                "retain": EvaluationSet(retain, tokenizer, max_length, 0, "retain"),
+                "utility": EvaluationSet(plain, tokenizer, max_length, 0, "retain"),
                 "secrets": request_secrets(forget, retain)}
         rows.append({"data": "customers", "arch": arch, "run": "base",
                      **measure(base, tokenizer, sets, neighbour_ids, base)})

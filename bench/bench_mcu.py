@@ -19,9 +19,9 @@ from pathlib import Path
 import torch
 
 from bench.mini_tofu import ROOT, fixture, splits, tofu_records, update_benchmarks
+from worker.engine.connectivity.params import ConnectivityParams
+from worker.engine.connectivity.run import run_connectivity
 from worker.engine.loading import save_model
-from worker.engine.mcu.params import McuParams
-from worker.engine.mcu.run import run_connectivity
 from worker.engine.methods import params_for
 from worker.engine.runtime import library_versions
 from worker.engine.unlearn import run_unlearning
@@ -46,7 +46,7 @@ def unlearn(source: Path, forget: list[dict], retain: list[dict], out: Path) -> 
 
 
 def curve(a: Path, b: Path, forget, retain, **values) -> dict:
-    r = run_connectivity(str(a), str(b), forget, retain, McuParams.from_dict(values)).result
+    r = run_connectivity(str(a), str(b), forget, retain, ConnectivityParams.from_dict(values)).result
     s = r.get("suppress_first", {})
     return {"seconds": round(r["timing"]["wall_seconds"], 1),
             "timing": {k: round(v, 1) for k, v in r["timing"].items()},

@@ -20,7 +20,7 @@ import httpx
 import torch
 
 from bench.mini_tofu import ROOT, fixture, tofu_records
-from worker.engine.audit import RecordSet, evaluate
+from worker.engine.audit import EvaluationSet, evaluate
 from worker.engine.loading import context_length, load_model
 
 RESULTS = ROOT / "bench" / "results" / "sequential.json"
@@ -40,12 +40,12 @@ def memorisation(model_dir: Path, forget_sets: list[list[dict]], retain: list[di
     length = context_length(model, tokenizer)
     out = {"forget_rouge_l": []}
     for records in forget_sets:
-        rs = RecordSet(records, tokenizer, length, 0, "forget")
+        rs = EvaluationSet(records, tokenizer, length, 0, "forget")
         out["forget_rouge_l"].append(round(evaluate(model, tokenizer, rs, None, None)["forget_verbatim"]
                                            ["rouge_l_recall"]["value"], 3))
     if retain:
-        rs = RecordSet(retain, tokenizer, length, 0, "retain")
-        dummy = RecordSet(retain[:2], tokenizer, length, 0, "forget")
+        rs = EvaluationSet(retain, tokenizer, length, 0, "retain")
+        dummy = EvaluationSet(retain[:2], tokenizer, length, 0, "forget")
         out["utility"] = round(
             evaluate(model, tokenizer, dummy, rs, None)["retain_utility"]["model_utility"]["value"], 3)
     return out
@@ -57,7 +57,7 @@ def main() -> None:
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("LETHE_")}
     env.update(PYTHONPATH=str(ROOT), LETHE_PORT=str(port), LETHE_IMPORT_ROOTS=json.dumps([str(full.parent)]))
-    server = subprocess.Popen([sys.executable, "-m", "service.embedded"], cwd=work, env=env,
+    server = subprocess.Popen([sys.executable, "-m", "lethe.embedded"], cwd=work, env=env,
                               stdout=(work / "run.log").open("w"), stderr=subprocess.STDOUT, start_new_session=True)
     rows = []
     try:

@@ -54,7 +54,7 @@ class Stack:
         with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
             conn.execute(f'CREATE DATABASE "{self.database}"')
         subprocess.run([sys.executable, "-m", "alembic", "upgrade", "head"], cwd=ROOT, env=self.env, check=True)
-        self.start([sys.executable, "-m", "uvicorn", "service.main:app", "--port", str(self.port),
+        self.start([sys.executable, "-m", "uvicorn", "service.api.app:app", "--port", str(self.port),
                     "--log-level", "warning"])
         self.start([sys.executable, "-m", "celery", "-A", "worker.celery_app", "worker", "-Q", self.env["LETHE_QUEUE"],
                     "-c", "1", "--pool", "prefork", "-n", f"bench-{uuid.uuid4().hex[:6]}@%h", "--loglevel", "INFO"])

@@ -52,15 +52,15 @@ def loaded(log=print):
     """The full fixture, its tokenizer, the splits and their record sets (utility on the first 100 retain QA)."""
     import torch
 
-    from worker.engine.audit import RecordSet
+    from worker.engine.audit import EvaluationSet
     from worker.engine.loading import context_length, load_model
 
     full = fixture("full", log=log)
     data = splits()
     base, tokenizer = load_model(full, torch.device("cpu"))
     max_length = context_length(base, tokenizer)
-    sets = {"forget": RecordSet(data["forget"], tokenizer, max_length, 0, "forget"),
-            "retain": RecordSet(data["retain"][:100], tokenizer, max_length, 0, "retain")}
+    sets = {"forget": EvaluationSet(data["forget"], tokenizer, max_length, 0, "forget"),
+            "retain": EvaluationSet(data["retain"][:100], tokenizer, max_length, 0, "retain")}
     return full, base, tokenizer, data, sets
 
 

@@ -3,8 +3,8 @@ from logging.config import fileConfig
 
 from alembic import context
 
-from service.db import make_engine
-from service.models import Base
+from service.infra.db import make_engine
+from service.infra.tables import Base
 from service.settings import get_settings
 
 config = context.config

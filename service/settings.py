@@ -26,7 +26,7 @@ class Settings(BaseSettings):
     max_source_bytes: int = 512 * 2**30  # a model source larger than this is refused before copying
     admin_key: str | None = None
     # Signs the audit log's checkpoints; never stored in the database. Unset: a key file made once beside
-    # the embedded database (service.audit_log). Production sets it from a secret store.
+    # the embedded database (service.domain.audit_log). Production sets it from a secret store.
     audit_key: str | None = None
     audit_key_file: Path = HOME / "audit.key"
     admin_tenant: str = "default"

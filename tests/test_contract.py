@@ -9,9 +9,9 @@ import pytest
 
 from tests.toy_method import TOY
 from worker.engine.__main__ import build_parser
+from worker.engine.connectivity.params import MARGIN_FIELDS, ConnectivityParams
 from worker.engine.errors import EngineInputError
 from worker.engine.jobspec import JobSpec
-from worker.engine.mcu.params import MARGIN_FIELDS, McuParams
 from worker.engine.methods import METHODS, get_method, params_for, register_method
 from worker.engine.param_base import Rule, help_of, json_schema, rule_of, user_fields
 
@@ -26,7 +26,7 @@ def toy_method():
 
 
 def test_every_parameter_of_every_method_says_what_it_does():
-    for cls in {m.params for m in METHODS.values()} | {McuParams}:
+    for cls in {m.params for m in METHODS.values()} | {ConnectivityParams}:
         for f in user_fields(cls):
             assert len(f.metadata.get("help", "")) > 10, (cls.__name__, f.name)
 
@@ -123,7 +123,7 @@ def test_help_shows_the_rule_and_the_cli_shows_the_help():
 
 
 def test_a_new_method_is_one_module_and_one_registration(toy_method):
-    from service.main import create_app
+    from service.api.app import create_app
 
     params = params_for("toy_ascent", {"epochs": 3})
     assert (params.method, params.forget_weight, params.epochs) == ("toy_ascent", 0.5, 3.0)
@@ -167,7 +167,7 @@ def test_a_bad_specification_names_its_field(args, field):
 
 
 def test_connectivity_parameters_in_the_schema_match_the_engine():
-    schema = json_schema(McuParams)["properties"]
+    schema = json_schema(ConnectivityParams)["properties"]
     assert schema["points"]["minimum"] == 3 and schema["points"]["maximum"] == 101
     assert schema["curve"]["enum"] == ["linear", "bezier"] and schema["points"]["default"] == 11
     assert all(math.isfinite(p.get("minimum", 0)) for p in schema.values())

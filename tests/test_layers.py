@@ -67,6 +67,32 @@ def test_no_import_cycles():
     assert cycles(import_graph()) == []
 
 
+# Each layer and the layers it may import (issue 13). The API reaches the engine only for its torch-free contract
+# (the method registry, parameters, job specification, record checks); that it loads no torch is tested below.
+LAYERS = ("service.api", "service.reports", "service.domain", "service.infra", "service.settings", "worker.engine",
+          "worker", "lethe")
+ALLOWED = {
+    "service.infra": {"service.settings"},
+    "service.domain": {"service.infra", "service.settings", "worker.engine"},
+    "service.reports": {"service.domain", "service.infra"},
+    "service.api": {"service.domain", "service.infra", "service.reports", "service.settings", "worker.engine"},
+    "worker": {"service.domain", "service.infra", "service.reports", "service.settings", "worker.engine"},
+    "worker.engine": set(),
+    "lethe": set(LAYERS),  # the launchers compose everything
+}
+
+
+def layer(module: str) -> str | None:
+    return next((p for p in LAYERS if module == p or module.startswith(p + ".")), None)
+
+
+def test_imports_flow_down_the_layers():
+    wrong = {(m, t) for m, targets in import_graph().items() for t in targets
+             if layer(t) and layer(m) != layer(t) and layer(t) not in ALLOWED[layer(m) or ""]}
+    assert wrong == set()
+    assert layer("service.api.jobs") == "service.api" and "service.api" not in ALLOWED["worker"]
+
+
 def test_the_engine_imports_no_service_framework():
     graph = import_graph()
     frameworks = ("fastapi", "starlette", "celery", "kombu", "sqlalchemy", "alembic", "service")
@@ -90,5 +116,5 @@ def test_the_worker_loads_no_web_framework_and_the_api_no_torch():
     contract (registry, parameters, record checks)."""
     worker = loaded_by("worker.runner", "worker.celery_app")
     assert not worker & {"fastapi", "starlette"}, worker & {"fastapi", "starlette"}
-    api = loaded_by("service.main")
+    api = loaded_by("service.api.app")
     assert not api & {"torch", "transformers", "peft"}, api & {"torch", "transformers", "peft"}

@@ -5,15 +5,15 @@ import math
 import pytest
 import torch
 
-from worker.engine.audit import RecordSet
+from worker.engine.audit import EvaluationSet
+from worker.engine.connectivity.barriers import barriers, crossing, suppress_first
+from worker.engine.connectivity.curve import loss_and_violation
+from worker.engine.connectivity.fit import fit_control_point, path_loss
+from worker.engine.connectivity.params import ConnectivityParams
+from worker.engine.connectivity.paths import ControlPoint, Path, bezier_coefficients, differing_names, parameters_of
+from worker.engine.connectivity.run import run_connectivity
 from worker.engine.errors import EngineInputError
 from worker.engine.loading import load_model, save_model
-from worker.engine.mcu.barriers import barriers, crossing, suppress_first
-from worker.engine.mcu.curve import loss_and_violation
-from worker.engine.mcu.fit import fit_control_point, path_loss
-from worker.engine.mcu.params import McuParams
-from worker.engine.mcu.paths import ControlPoint, Path, bezier_coefficients, differing_names, parameters_of
-from worker.engine.mcu.run import run_connectivity
 from worker.engine.params import MascParams
 from worker.engine.records import collate, encode_records, normalise_records
 from worker.engine.unlearn import run_unlearning
@@ -70,7 +70,7 @@ def test_endpoints_reproduce_the_versions_and_the_control_point_gets_gradient(ve
     for n, w in path.weights(1.0).items():
         assert torch.equal(w, end[n])
     # phi(0) and phi(1) give the endpoint losses exactly: functional_call against the plain models.
-    params = McuParams()
+    params = ConnectivityParams()
     retain = collate(encoded(tokenizer, retain_records[:6], "retain"), tokenizer.pad_token_id)
     forget = collate(encoded(tokenizer, forget_records[:6], "forget"), tokenizer.pad_token_id)
     for t, model in ((0.0, a), (1.0, b)):
@@ -97,7 +97,7 @@ def test_fitting_the_control_point_lowers_the_midpoint_retain_loss(versions, ret
     start, end = parameters_of(a), parameters_of(b)
     names = differing_names(start, end)
     start = {n: start[n].clone() for n in names}
-    params = McuParams(curve="bezier", fit_steps=30, fit_lr=1e-3, lambda_forget=0.0, batch_size=8)
+    params = ConnectivityParams(curve="bezier", fit_steps=30, fit_lr=1e-3, lambda_forget=0.0, batch_size=8)
     control = ControlPoint(start, end, names, "full")
     with torch.no_grad():  # start from a poor control point so that there is something to learn
         for p in control.parameters():
@@ -179,14 +179,14 @@ def test_ensemble_is_the_average_of_the_sampled_weights(versions):
 
 
 def test_connectivity_run_between_two_fixture_versions(versions, forget_records, retain_records):
-    params = McuParams(points=5, ensemble=True, ensemble_points=3)
+    params = ConnectivityParams(points=5, ensemble=True, ensemble_points=3)
     outcome = run_connectivity(str(versions[0]), str(versions[1]), forget_records, retain_records, params)
     r = outcome.result
     assert [p["t"] for p in r["points"]] == [0.0, 0.25, 0.5, 0.75, 1.0]
     # The ends are the versions themselves: measured directly, the same numbers.
     for model_dir, row in ((versions[0], r["points"][0]), (versions[1], r["points"][-1])):
         model, tokenizer = load_model(model_dir, torch.device("cpu"))
-        forget = RecordSet(normalise_records(forget_records, "forget"), tokenizer, 512, 0, "forget")
+        forget = EvaluationSet(normalise_records(forget_records, "forget"), tokenizer, 512, 0, "forget")
         direct = loss_and_violation(model, forget.main, tokenizer.pad_token_id, params, violation=True)
         assert row["forget_nll"] == pytest.approx(direct["nll"], abs=1e-6)
         assert row["violation_rate"] == pytest.approx(direct["violation_rate"], abs=1e-9)
@@ -206,7 +206,7 @@ def test_connectivity_run_between_two_fixture_versions(versions, forget_records,
 
 
 def test_bezier_run_reports_the_fit_and_the_linear_suppress_analysis(versions, forget_records, retain_records):
-    params = McuParams(curve="bezier", points=3, fit_steps=5, lora_r=2)  # space auto: LoRA-derived ends
+    params = ConnectivityParams(curve="bezier", points=3, fit_steps=5, lora_r=2)  # space auto: LoRA-derived ends
     r = run_connectivity(str(versions[0]), str(versions[1]), forget_records, retain_records, params).result
     assert r["space"] == "lora" and len(r["fit"]["loss_trace"]) == 5
     assert len(r["suppress_points"]) == 3 and "fit_seconds" in r["timing"]
@@ -216,12 +216,12 @@ def test_bad_mcu_parameters_name_the_field():
     for values, field in (({"curve": "cubic"}, "curve"), ({"points": 2}, "points"), ({"tolerance": -1}, "tolerance"),
                           ({"nope": 1}, "nope"), ({"points": "eleven"}, "points"), ({"ensemble": 1}, "ensemble")):
         with pytest.raises(EngineInputError) as caught:
-            McuParams.from_dict(values)
+            ConnectivityParams.from_dict(values)
         assert caught.value.field == field
 
 
 def test_auto_space_is_lora_only_when_just_adapted_matrices_differ():
-    from worker.engine.mcu.run import choose_space
+    from worker.engine.connectivity.run import choose_space
 
     weights = {"model.layers.0.self_attn.q_proj.weight": torch.zeros(4, 4),
                "model.layers.0.mlp.down_proj.weight": torch.zeros(4, 4), "model.norm.weight": torch.zeros(4),

@@ -1,6 +1,6 @@
 """The report's verdict line: which evidence makes it 'Forgotten', and what makes it 'Not established'."""
-from service.report import verdict
-from service.report_html import render_report
+from service.reports.evidence import verdict
+from service.reports.html import render_report
 
 
 def engine(stop_reason="alpha", v=0.1, beta=1.0):

@@ -219,7 +219,7 @@ def test_the_retain_term_keeps_argmax_gaps_by_loop():
 def test_given_secrets_stay_as_evidence_only_as_hashes():
     import json
 
-    from service.jobs import canonical_sha256, forget_evidence
+    from service.domain.jobs import canonical_sha256, forget_evidence
     evidence = forget_evidence([{"id": "a", "prompt": "Q?", "completion": " A is 73-708064.", "secrets": ["73-708064"]},
                                 {"id": "b", "prompt": "Q?", "completion": " B."}])
     assert evidence["records"][0]["secrets_sha256"] == [canonical_sha256("73-708064")]

@@ -2,7 +2,7 @@
 touched before the fork: the engine (and torch) load in the pool child, where CUDA may start."""
 from celery.signals import worker_process_init
 
-from service.queue import RUN_JOB, get_celery
+from service.infra.queue import RUN_JOB, get_celery
 
 app = get_celery()
 

@@ -8,18 +8,18 @@ import socket
 import tempfile
 from pathlib import Path
 
-from service import audit_log, connectivity
-from service.db import session_scope
-from service.errors import Problem
-from service.jobs import StateChanged, acquire_lease, end_job, fail_exhausted, owned_job, still_ours
-from service.models import Job, ModelVersion, utcnow
-from service.queue import enqueue
-from service.registry import add_version, get_model, get_version, lock_model, missing_erasures
-from service.report import build_report
+from service.domain import audit_log, connectivity
+from service.domain.errors import Problem
+from service.domain.jobs import StateChanged, acquire_lease, end_job, fail_exhausted, owned_job, still_ours
+from service.domain.lineage import add_version, get_model, get_version, lock_model, missing_erasures
+from service.infra.artifacts import ArtifactStore
+from service.infra.db import session_scope
+from service.infra.queue import enqueue
+from service.infra.tables import Job, ModelVersion, utcnow
+from service.reports.evidence import build_report
 from service.settings import Settings, get_settings
-from service.store import ArtifactStore
+from worker.curves import execute_connectivity, measure_curves, record_curves
 from worker.engine.errors import EngineInputError
-from worker.mcu_runner import execute_connectivity, measure_curves, record_curves
 from worker.work import LeaseKeeper, Work, model_busy, predates, read_work
 
 log = logging.getLogger("lethe.worker")

@@ -8,11 +8,11 @@ from dataclasses import dataclass, field
 
 from sqlalchemy import select
 
-from service.db import session_scope
-from service.errors import Problem, invalid
-from service.jobs import end_job, heartbeat, log_state
-from service.models import TERMINAL, Job, Model, ModelVersion, RetrainReference
-from service.registry import get_model, get_version, lock_model, missing_erasures
+from service.domain.errors import Problem, invalid
+from service.domain.jobs import end_job, heartbeat, log_state
+from service.domain.lineage import get_model, get_version, lock_model, missing_erasures
+from service.infra.db import session_scope
+from service.infra.tables import TERMINAL, Job, Model, ModelVersion, RetrainReference
 from service.settings import get_settings
 from worker.engine.jobspec import JobSpec
 

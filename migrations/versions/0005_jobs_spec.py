@@ -18,9 +18,9 @@ depends_on = None
 
 def _spec(row) -> dict | None:
     """None where the stored request no longer passes (the worker then fails the job, saying so)."""
+    from worker.engine.connectivity.params import MARGIN_FIELDS
     from worker.engine.errors import EngineInputError
     from worker.engine.jobspec import JobSpec
-    from worker.engine.mcu.params import MARGIN_FIELDS
 
     options = dict(row.mcu_options or {})
     flat = {**(options.get("params") or {}),

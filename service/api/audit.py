@@ -9,14 +9,14 @@ from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from service import audit_log, registry
+from service.api.auth import Principal, require
 from service.api.jobs import checked_records
-from service.auth import Principal, require
-from service.db import INJECTED, transactional
-from service.errors import Problem, invalid
-from service.jobs import forget_evidence
-from service.models import AuditEntry, RetrainReference
-from service.schemas import MAX_VERSION
+from service.api.schemas import MAX_VERSION
+from service.domain import audit_log, lineage
+from service.domain.errors import Problem, invalid
+from service.domain.jobs import forget_evidence
+from service.infra.db import INJECTED, transactional
+from service.infra.tables import AuditEntry, RetrainReference
 from service.settings import get_settings
 
 router = APIRouter(tags=["audit"])
@@ -91,8 +91,8 @@ class ReferenceCreate(BaseModel):
 def mark_reference(model_id: str, body: ReferenceCreate, who: Principal = Depends(require("models:write")),
                    session: Session = INJECTED):
     """Mark a version as the retrain reference for a forget set, named by its records or their manifest hash."""
-    model = registry.get_model(session, who.tenant, model_id)
-    version = registry.get_version(session, model, body.version)
+    model = lineage.get_model(session, who.tenant, model_id)
+    version = lineage.get_version(session, model, body.version)
     if (body.forget is None) == (body.forget_manifest_sha256 is None):
         raise invalid("give the forget records or their forget_manifest_sha256, not both", "forget")
     records = checked_records(body.forget, "forget", get_settings().max_records) if body.forget is not None else []

@@ -5,16 +5,16 @@ from fastapi import APIRouter, Depends, Header, Query, Request
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from service import connectivity, registry
+from service.api.auth import Principal, require
+from service.api.idempotency import idempotent
 from service.api.jobs import checked_records, send
-from service.auth import Principal, require
-from service.db import INJECTED, transactional
-from service.errors import invalid
-from service.idempotency import idempotent
-from service.jobs import check_quota, job_view, log_state, new_job
-from service.models import Connectivity
-from service.pagination import paginate
-from service.schemas import ConnectivityCreate, ConnectivityOut, JobOut, Page
+from service.api.pagination import paginate
+from service.api.schemas import ConnectivityCreate, ConnectivityOut, JobOut, Page
+from service.domain import connectivity, lineage
+from service.domain.errors import invalid
+from service.domain.jobs import check_quota, job_view, log_state, new_job
+from service.infra.db import INJECTED, transactional
+from service.infra.tables import Connectivity
 from service.settings import get_settings
 from worker.engine.errors import EngineInputError
 from worker.engine.jobspec import JobSpec
@@ -29,7 +29,7 @@ def submit(model_id: str, body: ConnectivityCreate, request: Request, who: Princ
     def create():
         settings = get_settings()
         check_quota(session, who.tenant, settings)
-        model = registry.get_model(session, who.tenant, model_id)
+        model = lineage.get_model(session, who.tenant, model_id)
         options = body.model_dump(exclude={"forget"})
         try:
             spec = JobSpec.curve(body.engine_values())
@@ -40,7 +40,7 @@ def submit(model_id: str, body: ConnectivityCreate, request: Request, who: Princ
             raise invalid("a and b name the same version; a curve needs two", "b")
         for field, number in (("a", body.a), ("b", body.b)):
             try:
-                registry.get_version(session, model, number)
+                lineage.get_version(session, model, number)
             except Exception:
                 raise invalid(f"{field}: model {model.id!r} has no version {number}", field) from None
         job = new_job(who.tenant, model, spec, kind="connectivity", base_version=body.a,
@@ -59,7 +59,7 @@ def submit(model_id: str, body: ConnectivityCreate, request: Request, who: Princ
 @transactional
 def list_curves(model_id: str, who: Principal = Depends(require("jobs:read")), session: Session = INJECTED,
                 page_size: int = Query(50, ge=1, le=500), page_token: str | None = None):
-    model = registry.get_model(session, who.tenant, model_id)
+    model = lineage.get_model(session, who.tenant, model_id)
     query = select(Connectivity).where(Connectivity.tenant == who.tenant, Connectivity.model_id == model.id)
     rows, token = paginate(session, query, Connectivity, page_size, page_token)
     return {"items": [connectivity.view(r) for r in rows], "next_page_token": token}

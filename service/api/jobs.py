@@ -11,22 +11,22 @@ from fastapi.responses import HTMLResponse, StreamingResponse
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from service import connectivity, registry
-from service.auth import Principal, require
-from service.db import INJECTED, session_scope, transactional
-from service.errors import Problem, invalid, not_found
-from service.idempotency import idempotent
-from service.jobs import check_quota, get_job, job_view, log_state, new_job, request_cancel
-from service.models import JOB_STATES, TERMINAL, Job, utcnow
-from service.pagination import paginate
-from service.queue import enqueue
-from service.report_html import render_report
-from service.schemas import CurveOptions, JobCreate, JobOut, Page
+from service.api.auth import Principal, require
+from service.api.idempotency import idempotent
+from service.api.pagination import paginate
+from service.api.schemas import CurveOptions, JobCreate, JobOut, Page
+from service.domain import connectivity, lineage
+from service.domain.errors import Problem, invalid, not_found
+from service.domain.jobs import check_quota, get_job, job_view, log_state, new_job, request_cancel
+from service.infra.artifacts import ArtifactStore
+from service.infra.db import INJECTED, session_scope, transactional
+from service.infra.queue import enqueue
+from service.infra.tables import JOB_STATES, TERMINAL, Job, utcnow
+from service.reports.html import render_report
 from service.settings import get_settings
-from service.store import ArtifactStore
 from worker.engine.errors import EngineInputError
 from worker.engine.jobspec import JobSpec
-from worker.engine.recordset import normalise_records
+from worker.engine.record_checks import normalise_records
 from worker.engine.targets import check_requested, checkpoint_inventory
 
 router = APIRouter(prefix="/v1/unlearning-jobs", tags=["unlearning jobs"])
@@ -85,9 +85,9 @@ def submit(body: JobCreate, request: Request, who: Principal = Depends(require("
     def create():
         settings = get_settings()
         check_quota(session, who.tenant, settings)
-        model = registry.get_model(session, who.tenant, body.model_id)
-        version = registry.get_version(session, model, body.version)
-        if missing := registry.missing_erasures(session, version):
+        model = lineage.get_model(session, who.tenant, body.model_id)
+        version = lineage.get_version(session, model, body.version)
+        if missing := lineage.missing_erasures(session, version):
             raise Problem(409, "version-predates-erasures", "Version predates erasures",
                           f"version {version.number} still holds data erased by request(s) {', '.join(missing[:10])}; "
                           "a new version must start from one that holds every erasure (leave version out: the head)")

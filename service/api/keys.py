@@ -7,13 +7,13 @@ from fastapi import APIRouter, Depends, Query
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from service import audit_log
-from service.auth import Principal, create_key, forget_cached, is_operator, require
-from service.db import INJECTED, transactional
-from service.errors import Problem, not_found
-from service.models import ApiKey, utcnow
-from service.pagination import paginate
-from service.schemas import ApiKeyCreate, ApiKeyOut, Page
+from service.api.auth import Principal, create_key, forget_cached, is_operator, require
+from service.api.pagination import paginate
+from service.api.schemas import ApiKeyCreate, ApiKeyOut, Page
+from service.domain import audit_log
+from service.domain.errors import Problem, not_found
+from service.infra.db import INJECTED, transactional
+from service.infra.tables import ApiKey, utcnow
 
 router = APIRouter(prefix="/v1/api-keys", tags=["api keys"])
 

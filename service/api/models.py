@@ -9,18 +9,18 @@ from fastapi.responses import Response, StreamingResponse
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from service import registry
-from service.auth import Principal, require
-from service.db import INJECTED, transactional
-from service.errors import Problem, invalid, not_found
-from service.idempotency import idempotent
-from service.models import Model, ModelVersion, new_id
-from service.pagination import paginate
-from service.schemas import MAX_VERSION, ModelCreate, ModelOut, Page, VersionOut
+from service.api.auth import Principal, require
+from service.api.idempotency import idempotent
+from service.api.pagination import paginate
+from service.api.schemas import MAX_VERSION, ModelCreate, ModelOut, Page, VersionOut
+from service.domain import lineage
+from service.domain.errors import Problem, invalid, not_found
+from service.domain.sources import copy_source
+from service.infra.artifacts import STREAM_CHUNK, ArtifactStore
+from service.infra.db import INJECTED, transactional
+from service.infra.tables import Model, ModelVersion, new_id
 from service.settings import get_settings
-from service.sources import copy_source
-from service.store import STREAM_CHUNK, ArtifactStore
-from worker.engine.recordset import normalise_records
+from worker.engine.record_checks import normalise_records
 
 router = APIRouter(prefix="/v1/models", tags=["models"])
 
@@ -32,7 +32,7 @@ def store() -> ArtifactStore:
 def model_out(session: Session, model: Model) -> dict:
     return {"id": model.id, "name": model.name, "source": model.source, "description": model.description,
             "retain_count": len(model.retain_records or []),
-            "latest_version": getattr(registry.head_version(session, model), "number", None),
+            "latest_version": getattr(lineage.head_version(session, model), "number", None),
             "created_at": model.created_at}
 
 
@@ -59,7 +59,7 @@ def create_model(body: ModelCreate, request: Request, who: Principal = Depends(r
             manifest = copy_source(get_settings(), artifacts, body.source, location)
             session.add(model)
             session.flush()  # a concurrent twin with the same name fails here (idempotent() answers it)
-            registry.add_version(session, model, location=location, manifest=manifest, parent=None, job_id=None,
+            lineage.add_version(session, model, location=location, manifest=manifest, parent=None, job_id=None,
                                  request_id=None, tags=["source"])
             session.flush()
         except BaseException:  # nothing half-copied stays behind
@@ -81,14 +81,14 @@ def list_models(who: Principal = Depends(require("jobs:read")), session: Session
 @router.get("/{model_id}", response_model=ModelOut)
 @transactional
 def read_model(model_id: str, who: Principal = Depends(require("jobs:read")), session: Session = INJECTED):
-    return model_out(session, registry.get_model(session, who.tenant, model_id))
+    return model_out(session, lineage.get_model(session, who.tenant, model_id))
 
 
 @router.get("/{model_id}/versions", response_model=Page)
 @transactional
 def list_versions(model_id: str, who: Principal = Depends(require("jobs:read")),
                   session: Session = INJECTED):
-    model = registry.get_model(session, who.tenant, model_id)
+    model = lineage.get_model(session, who.tenant, model_id)
     rows = session.scalars(select(ModelVersion).where(ModelVersion.model_id == model.id)
                            .order_by(ModelVersion.number)).all()
     return {"items": [version_out(v) for v in rows], "next_page_token": None}
@@ -101,7 +101,7 @@ def _version(session, who, model_id, number: str) -> ModelVersion:
     """A version by number, or the alias `latest` (the head: the newest version holding every erasure)."""
     if number != "latest" and not VERSION_NUMBER.fullmatch(number):  # ASCII digits only: "²" and "١" are not 2 and 1
         raise invalid(f"version {number!r}: expected a number from 1 to {MAX_VERSION} or 'latest'", "number")
-    return registry.get_version(session, registry.get_model(session, who.tenant, model_id),
+    return lineage.get_version(session, lineage.get_model(session, who.tenant, model_id),
                                 None if number == "latest" else int(number))
 
 
@@ -177,7 +177,7 @@ def download_archive(model_id: str, number: str, who: Principal = Depends(requir
                      session: Session = INJECTED):
     v = _version(session, who, model_id, number)
     manifest, location = v.manifest, v.location
-    name = f"{registry.get_model(session, who.tenant, model_id).name}-v{v.number}"
+    name = f"{lineage.get_model(session, who.tenant, model_id).name}-v{v.number}"
 
     mtime = int(v.created_at.timestamp())
 

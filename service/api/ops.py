@@ -10,14 +10,14 @@ from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily
 from sqlalchemy import func, select, text
 from sqlalchemy.orm import Session
 
-from service.auth import Principal, is_operator, principal
-from service.db import INJECTED, session_scope, transactional
-from service.errors import Problem
-from service.models import JOB_STATES, Job
-from service.queue import broker_reachable, queue_depth
+from service.api.auth import Principal, is_operator, principal
+from service.domain.errors import Problem
+from service.infra.db import INJECTED, session_scope, transactional
+from service.infra.queue import broker_reachable, queue_depth
+from service.infra.tables import JOB_STATES, Job
 
 router = APIRouter(tags=["operations"])
-# Set by the embedded mode (service.embedded.WorkerSupervisor): /readyz then reports its worker process.
+# Set by the embedded mode (lethe.embedded.WorkerSupervisor): /readyz then reports its worker process.
 class WorkerWatch(Protocol):
     def alive(self) -> bool: ...
 

@@ -1,5 +1,5 @@
 """RFC 9457 problem+json answers, each with a stable `type` per error kind: the one place where the domain's
-errors (service.errors.Problem) and the engine's refusals of bad input (EngineInputError) become HTTP."""
+errors (service.domain.errors.Problem) and the engine's refusals of bad input (EngineInputError) become HTTP."""
 from __future__ import annotations
 
 from fastapi import FastAPI, Request
@@ -7,7 +7,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from service.errors import Problem, invalid
+from service.domain.errors import Problem, invalid
 from worker.engine.errors import EngineInputError
 
 MEDIA_TYPE = "application/problem+json"

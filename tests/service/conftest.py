@@ -46,7 +46,8 @@ def migrate(url: str, target: str = "head", down: bool = False) -> None:
 
 
 def clear_caches() -> None:
-    from service import db, queue, settings
+    from service import settings
+    from service.infra import db, queue
 
     settings.get_settings.cache_clear()
     db.get_engine.cache_clear()
@@ -83,7 +84,7 @@ def service_env(tmp_path_factory):
             os.environ.pop(key, None)
         else:
             os.environ[key] = value
-    from service.db import get_engine
+    from service.infra.db import get_engine
 
     get_engine().dispose()
     clear_caches()
@@ -137,7 +138,7 @@ def worker(service_env, tmp_path_factory):
 def client(service_env):
     from fastapi.testclient import TestClient
 
-    from service.main import create_app
+    from service.api.app import create_app
 
     with TestClient(create_app()) as test_client:
         yield test_client
@@ -160,9 +161,9 @@ def cancel_leftovers(registered_model):
     """For modules that create jobs they do not run: cancel them at the end, so that the worker of a
     later module does not spend its time on them."""
     yield
-    from service.db import session_scope
-    from service.jobs import end_job
-    from service.models import Job
+    from service.domain.jobs import end_job
+    from service.infra.db import session_scope
+    from service.infra.tables import Job
 
     with session_scope() as session:
         for job in session.query(Job).filter(Job.model_id == registered_model["id"], Job.state == "QUEUED"):

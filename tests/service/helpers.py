@@ -3,7 +3,7 @@ import uuid
 
 from sqlalchemy import func, select
 
-from service.db import session_scope
+from service.infra.db import session_scope
 from tests.service.conftest import auth
 
 

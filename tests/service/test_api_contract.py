@@ -4,8 +4,8 @@ import uuid
 import pytest
 from sqlalchemy import func, select
 
-from service.db import session_scope
-from service.models import Job, Model
+from service.infra.db import session_scope
+from service.infra.tables import Job, Model
 from tests.service.conftest import auth
 
 PROBLEM = "application/problem+json"

@@ -4,8 +4,8 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
-from service import audit_log
-from service.db import make_engine
+from service.domain import audit_log
+from service.infra.db import make_engine
 from tests.service.conftest import create_pg_database, drop_pg_database, migrate, pg_url
 
 
@@ -55,7 +55,7 @@ KEY = b"a key the database does not hold"
 
 def rewrite_from(session, seq: int) -> None:
     """What someone with the database can do: change an entry and recompute every hash after it."""
-    from service.models import AuditEntry
+    from service.infra.tables import AuditEntry
 
     session.execute(text(f"UPDATE audit_log SET subject = 'rewritten' WHERE seq = {seq}"))
     prev = audit_log.GENESIS

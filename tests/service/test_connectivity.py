@@ -3,8 +3,8 @@ job (with the MCU ensemble stored as a tagged version), a connectivity job on it
 curves through the API and the report, and bad requests that change nothing."""
 import re
 
-from service.db import session_scope
-from service.models import Connectivity, Job
+from service.infra.db import session_scope
+from service.infra.tables import Connectivity, Job
 from tests.service.browser import layout
 from tests.service.conftest import auth, wait_for
 

@@ -32,14 +32,14 @@ def _alive(pid: int) -> bool:
 
 
 class Embedded:
-    """`python -m service.embedded` in a folder of its own, as `make run` starts it."""
+    """`python -m lethe.embedded` in a folder of its own, as `make run` starts it."""
 
     def __init__(self, folder: Path, port: int, run: int = 1, **settings: str):
         self.folder, self.port, self.base = folder, port, f"http://127.0.0.1:{port}"
         env = {k: v for k, v in os.environ.items() if not k.startswith("LETHE_")}
         env.update(PYTHONPATH=str(ROOT), LETHE_PORT=str(port), **settings)
         self.log = folder / f"run-{run}.log"
-        self.server = subprocess.Popen([sys.executable, "-m", "service.embedded"], cwd=folder, env=env,
+        self.server = subprocess.Popen([sys.executable, "-m", "lethe.embedded"], cwd=folder, env=env,
                                        stdout=self.log.open("w"), stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.time() + 180
         while True:
@@ -149,7 +149,7 @@ def test_a_dead_worker_is_restarted_and_a_restarted_service_finishes_its_job_onc
 
 def test_make_demo_without_a_key_says_where_the_key_comes_from(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("LETHE_")}
-    done = subprocess.run([sys.executable, "-m", "service.demo"], cwd=tmp_path, env={**env, "PYTHONPATH": str(ROOT)},
+    done = subprocess.run([sys.executable, "-m", "lethe.demo"], cwd=tmp_path, env={**env, "PYTHONPATH": str(ROOT)},
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert "LETHE_ADMIN_KEY" in done.stderr and ".lethe/admin_key" in done.stderr

@@ -10,9 +10,9 @@ import uuid
 import pytest
 from sqlalchemy import func, select
 
-from service.db import session_scope
-from service.models import Job, Model
-from service.store import ArtifactStore, safe_relative
+from service.infra.artifacts import ArtifactStore, safe_relative
+from service.infra.db import session_scope
+from service.infra.tables import Job, Model
 from tests.service.conftest import auth
 from tests.service.helpers import count, register
 
@@ -151,7 +151,7 @@ def test_concurrent_registrations_with_one_name_give_one_model_and_a_409(client,
 # --- the embedded broker ---------------------------------------------------------------------------------
 
 def test_the_embedded_broker_hands_out_messages_in_the_order_they_were_sent(tmp_path):
-    from service.queue import make_celery
+    from service.infra.queue import make_celery
     from service.settings import Settings
 
     app = make_celery(Settings(broker_url="filesystem://", broker_dir=tmp_path / "broker"))

@@ -8,11 +8,11 @@ from datetime import timedelta
 import pytest
 from sqlalchemy import select, text
 
-from service.db import session_scope
-from service.errors import Problem
-from service.jobs import StateChanged, end_job, fail_exhausted, request_cancel
-from service.models import Job, Model, ModelVersion, utcnow
-from service.registry import add_version, get_version, head_version, missing_erasures
+from service.domain.errors import Problem
+from service.domain.jobs import StateChanged, end_job, fail_exhausted, request_cancel
+from service.domain.lineage import add_version, get_version, head_version, missing_erasures
+from service.infra.db import session_scope
+from service.infra.tables import Job, Model, ModelVersion, utcnow
 from tests.service.conftest import ADMIN_KEY, auth
 from tests.service.helpers import register
 from tests.service.test_lease import make_job, read
@@ -115,7 +115,7 @@ def test_the_head_holds_every_erasure_and_an_ensemble_with_an_older_version_is_n
 # --- keys ----------------------------------------------------------------------------------------------
 
 def test_keys_are_listed_revoked_at_once_and_tenant_admins_stay_in_their_tenant(client):
-    from service.models import AuditEntry
+    from service.infra.tables import AuditEntry
 
     tenant = "t-" + uuid.uuid4().hex[:6]
     minted = client.post("/v1/api-keys", headers=auth(), json={"tenant": tenant, "scopes": ["admin"], "name": "ta"})
@@ -149,7 +149,7 @@ def test_keys_are_listed_revoked_at_once_and_tenant_admins_stay_in_their_tenant(
 
 
 def test_rotating_the_admin_key_revokes_the_old_one(client):
-    from service.auth import ensure_admin_key, lookup
+    from service.api.auth import ensure_admin_key, lookup
 
     old, new = "lth_rot_" + uuid.uuid4().hex, "lth_rot_" + uuid.uuid4().hex
     with session_scope() as session:
@@ -177,7 +177,7 @@ def test_rotating_the_admin_key_revokes_the_old_one(client):
 def test_a_tenant_over_its_quota_gets_429_and_creates_nothing(registered_model):
     from types import SimpleNamespace
 
-    from service.jobs import check_quota, forget_evidence
+    from service.domain.jobs import check_quota, forget_evidence
 
     tenant = "q-" + uuid.uuid4().hex[:6]
     records = [{"id": "r", "prompt": "Q", "completion": "A"}]
@@ -209,10 +209,10 @@ def test_a_tenant_over_its_quota_gets_429_and_creates_nothing(registered_model):
 def test_erased_records_leave_no_bytes_in_an_sqlite_file(tmp_path):
     from sqlalchemy.orm import Session
 
-    from service.db import make_engine
-    from service.jobs import forget_evidence
-    from service.models import Base
-    from service.scrub import scrub
+    from service.domain.jobs import forget_evidence
+    from service.infra.db import make_engine
+    from service.infra.scrub import scrub
+    from service.infra.tables import Base
 
     marker = "Zorblatt-" + uuid.uuid4().hex  # the erased text
     records = [{"id": "r", "prompt": "Q", "completion": marker * 20}]
@@ -237,8 +237,8 @@ def test_erased_records_leave_no_bytes_in_an_sqlite_file(tmp_path):
 def test_the_sweeper_vacuums_jobs_on_postgresql_after_jobs_end(registered_model):
     import time
 
-    from service import sweeper
-    from service.db import get_engine
+    from service.domain import sweeper
+    from service.infra.db import get_engine
 
     def last_vacuum():
         with get_engine().connect() as connection:

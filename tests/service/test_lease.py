@@ -4,10 +4,10 @@ from datetime import timedelta
 
 import pytest
 
-from service.db import session_scope
-from service.jobs import acquire_lease, forget_evidence, jobs_to_resend
-from service.models import Job, new_id, utcnow
-from service.sweeper import sweep_once
+from service.domain.jobs import acquire_lease, forget_evidence, jobs_to_resend
+from service.domain.sweeper import sweep_once
+from service.infra.db import session_scope
+from service.infra.tables import Job, new_id, utcnow
 from worker.runner import run
 
 RECORDS = [{"id": "r1", "prompt": "Q", "completion": "A"}]

@@ -10,9 +10,9 @@ import uuid
 import torch
 from transformers import AutoModelForCausalLM
 
-from service.db import session_scope
-from service.models import Job, ModelVersion
-from service.store import manifest_sha256
+from service.infra.artifacts import manifest_sha256
+from service.infra.db import session_scope
+from service.infra.tables import Job, ModelVersion
 from tests.service.browser import layout
 from tests.service.conftest import auth, wait_for
 from worker.engine.architectures import Size, tiny_config

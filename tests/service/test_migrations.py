@@ -4,7 +4,7 @@ from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from sqlalchemy import create_engine, inspect
 
-from service.models import Base
+from service.infra.tables import Base
 from tests.service.conftest import create_pg_database, drop_pg_database, migrate, pg_url
 
 TABLES = {"api_keys", "models", "model_versions", "jobs", "idempotency_records", "audit_log", "retrain_references",

@@ -8,8 +8,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from worker.engine.connectivity.params import ConnectivityParams
 from worker.engine.errors import EngineInputError
-from worker.engine.mcu.params import McuParams
 from worker.engine.methods import METHODS, all_presets, params_for
 from worker.engine.param_base import help_of, user_fields
 
@@ -79,7 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
     curve.add_argument("--out", required=True, help="a JSON file for the result")
     curve.add_argument("--ensemble-out", help="a new directory for the MCU ensemble (implies --ensemble true)")
     curve.add_argument("--device", default="auto")
-    for f in user_fields(McuParams):
+    for f in user_fields(ConnectivityParams):
         curve.add_argument("--" + f.name.replace("_", "-"), dest="mcu_" + f.name, default=None, metavar="V",
                            help=f"{help_of(f)} [default: {f.default!r}]".replace("%", "%%"))
     return parser
@@ -161,16 +161,16 @@ def cmd_unlearn(args) -> int:
 
 
 def cmd_connectivity(args) -> int:
+    from worker.engine.connectivity.run import run_connectivity
     from worker.engine.loading import save_model
-    from worker.engine.mcu.run import run_connectivity
     from worker.engine.records import read_records
 
-    values = {f.name: getattr(args, "mcu_" + f.name) for f in user_fields(McuParams)
-              if getattr(args, "mcu_" + f.name) is not None}  # text; McuParams.from_dict coerces and checks
+    values = {f.name: getattr(args, "mcu_" + f.name) for f in user_fields(ConnectivityParams)
+              if getattr(args, "mcu_" + f.name) is not None}  # text; ConnectivityParams.from_dict coerces and checks
     if args.ensemble_out:
         values["ensemble"] = True
         staging = prepare_out(Path(args.ensemble_out))
-    params = McuParams.from_dict(values)
+    params = ConnectivityParams.from_dict(values)
     forget = read_records(args.forget) if args.forget else None
     retain = read_records(args.retain) if args.retain else None
     try:

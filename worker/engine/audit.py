@@ -16,7 +16,7 @@ from worker.engine.records import encode_records
 ATTACKS = ("loss", "zlib", "min_k", "min_k_pp")
 
 
-class RecordSet:
+class EvaluationSet:
     """A set's encoded records and their variants (paraphrased prompt, truth-ratio answers)."""
 
     def __init__(self, records: list[dict], tokenizer, max_length: int, seed: int, what: str):
@@ -40,7 +40,7 @@ def _teacher_forced(stats) -> dict:
             "token_accuracy": metric({s.id: s.token_accuracy for s in stats})}
 
 
-def _truth_ratios(model, tokenizer, rs: RecordSet) -> dict[str, float]:
+def _truth_ratios(model, tokenizer, rs: EvaluationSet) -> dict[str, float]:
     if not rs.tr_ids:
         return {}
     pad = tokenizer.pad_token_id
@@ -51,7 +51,7 @@ def _truth_ratios(model, tokenizer, rs: RecordSet) -> dict[str, float]:
             for rid, group in zip(rs.tr_ids, rs.tr_false)}
 
 
-def verbatim(model, tokenizer, rs: RecordSet, stats=None) -> dict:
+def verbatim(model, tokenizer, rs: EvaluationSet, stats=None) -> dict:
     """Exact match, ROUGE-L recall, extraction strength, token accuracy on a set's own prompts."""
     generated = generation_metrics(model, tokenizer, rs.main, rs.references)
     stats = stats if stats is not None else token_stats(model, rs.main, tokenizer.pad_token_id)
@@ -59,7 +59,7 @@ def verbatim(model, tokenizer, rs: RecordSet, stats=None) -> dict:
             **_teacher_forced(stats), "generated": generated["generated"], "tokens": generated["tokens"]}
 
 
-def retain_utility(model, tokenizer, retain: RecordSet | None, generated: dict | None = None) -> dict:
+def retain_utility(model, tokenizer, retain: EvaluationSet | None, generated: dict | None = None) -> dict:
     """Harmonic mean of P, ROUGE-L recall and the truth-ratio score on the retain records. `generated`:
     the retain set's generation_metrics when the caller already has them."""
     if retain is None or not retain.main:
@@ -77,7 +77,7 @@ def retain_utility(model, tokenizer, retain: RecordSet | None, generated: dict |
             "model_utility": {"value": harmonic_mean(parts), "per_record": {}, "components": len(parts)}}
 
 
-def evaluate(model, tokenizer, forget: RecordSet, retain: RecordSet | None, holdout: RecordSet | None, *,
+def evaluate(model, tokenizer, forget: EvaluationSet, retain: EvaluationSet | None, holdout: EvaluationSet | None, *,
              secrets: dict[str, list[str]] | None = None, samples: int = 0, seed: int = 0) -> dict:
     """Every metric of one model. `secrets` (record id -> spans) adds the extraction audit, with `samples`
     seeded samples per forget prompt. The answers themselves are returned under "answers" for the

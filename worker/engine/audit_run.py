@@ -8,7 +8,7 @@ import time
 
 import torch
 
-from worker.engine.audit import ATTACKS, RecordSet, evaluate, verbatim
+from worker.engine.audit import ATTACKS, EvaluationSet, evaluate, verbatim
 from worker.engine.extraction import DEFAULT_SAMPLES, greedy_leaks, request_secrets, secret_sources
 from worker.engine.loading import context_length, load_model
 from worker.engine.metrics import unavailable
@@ -29,7 +29,7 @@ RETAIN_LIMIT = 100  # utility is measured on a seeded sample of at most this man
 
 def _sets(tokenizer, model, forget, retain, holdout, seed):
     max_length = context_length(model, tokenizer)
-    make = lambda records, what: RecordSet(records, tokenizer, max_length, seed, what) if records else None  # noqa
+    make = lambda records, what: EvaluationSet(records, tokenizer, max_length, seed, what) if records else None  # noqa
     if retain and len(retain) > RETAIN_LIMIT:
         import random
         retain = random.Random(seed).sample(retain, RETAIN_LIMIT)

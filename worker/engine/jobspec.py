@@ -7,8 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from worker.engine.connectivity.params import MARGIN_FIELDS, ConnectivityParams
 from worker.engine.errors import EngineInputError
-from worker.engine.mcu.params import MARGIN_FIELDS, McuParams
 from worker.engine.methods import get_method, params_for
 from worker.engine.param_base import SharedParams, trusted
 
@@ -22,7 +22,7 @@ def _scoped(exc: EngineInputError, scope: str) -> EngineInputError:
 class JobSpec:
     params: SharedParams | None  # the method's parameters; None for a connectivity job
     preset: str | None = None  # as requested, already folded into params (kept as evidence)
-    connectivity: McuParams | None = None  # the curves to measure
+    connectivity: ConnectivityParams | None = None  # the curves to measure
 
     @property
     def method(self) -> str | None:
@@ -31,8 +31,8 @@ class JobSpec:
     @classmethod
     def unlearning(cls, method: str, values: dict | None = None, preset: str | None = None,
                    connectivity: dict | None = None) -> JobSpec:
-        """An unlearning job; `connectivity`: the flat McuParams values of the curves it measures, if any. Errors
-        name the field as "params.<name>" or "mcu.<name>" (the method and preset by their own names)."""
+        """An unlearning job; `connectivity`: the flat ConnectivityParams values of the curves it measures, if any.
+        Errors name the field as "params.<name>" or "mcu.<name>" (the method and preset by their own names)."""
         try:
             params = params_for(method, values, preset)
         except EngineInputError as exc:
@@ -46,7 +46,7 @@ class JobSpec:
                         f"MCU parameter {name!r}: an unlearning job's curves use the job's own margin "
                         f"({name}={margin[name]}; set it in the job's params)", field=f"mcu.{name}")
             try:
-                curves = McuParams.from_dict({**connectivity, **margin})
+                curves = ConnectivityParams.from_dict({**connectivity, **margin})
             except EngineInputError as exc:
                 raise _scoped(exc, "mcu") from None
         return cls(params, preset, curves)
@@ -54,7 +54,7 @@ class JobSpec:
     @classmethod
     def curve(cls, values: dict | None = None) -> JobSpec:
         """A connectivity job on its own: its margin is its own to set (MASC's default otherwise)."""
-        return cls(None, None, McuParams.from_dict(values))
+        return cls(None, None, ConnectivityParams.from_dict(values))
 
     def stored(self) -> dict[str, Any]:
         return {"method": self.method, "preset": self.preset,
@@ -65,5 +65,5 @@ class JobSpec:
     def from_stored(cls, stored: dict[str, Any]) -> JobSpec:
         """What `stored` wrote, trusted: it was checked when the job was submitted."""
         params = get_method(stored["method"]).stored(stored["params"]) if stored.get("params") is not None else None
-        curves = trusted(McuParams, stored["connectivity"]) if stored.get("connectivity") is not None else None
+        curves = trusted(ConnectivityParams, stored["connectivity"]) if stored.get("connectivity") is not None else None
         return cls(params, stored.get("preset"), curves)

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import torch
 
 from worker.engine.errors import EngineInputError
-from worker.engine.recordset import normalise_records, read_records  # noqa: F401  (re-exported)
+from worker.engine.record_checks import normalise_records, read_records  # noqa: F401  (re-exported)
 
 IGNORE = -100
 # What the forget term does at an active position (Batch.focus): leave it to the fluency term (a token of

@@ -10,12 +10,12 @@ from fastapi import FastAPI
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from service.api import audit, connectivity, jobs, keys, models, ops, problems
+from service.api.auth import ensure_admin_key
 from service.api.problems import problem_response
-from service.auth import ensure_admin_key
-from service.db import session_scope
-from service.errors import Problem
+from service.domain.errors import Problem
+from service.domain.sweeper import Sweeper
+from service.infra.db import session_scope
 from service.settings import get_settings
-from service.sweeper import Sweeper
 
 log = logging.getLogger("lethe.api")
 

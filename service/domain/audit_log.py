@@ -22,7 +22,7 @@ from pathlib import Path
 from sqlalchemy import select, text
 from sqlalchemy.orm import Session
 
-from service.models import AuditEntry, utcnow
+from service.infra.tables import AuditEntry, utcnow
 
 GENESIS = "0" * 64
 

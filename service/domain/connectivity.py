@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from sqlalchemy.orm import Session
 
-from service import registry
-from service.errors import invalid, not_found
-from service.models import Connectivity, Job, Model
+from service.domain import lineage
+from service.domain.errors import invalid, not_found
+from service.infra.tables import Connectivity, Job, Model
 
 
 def resolve_against(session: Session, model: Model, base_number: int, against: list) -> list[int]:
@@ -15,7 +15,7 @@ def resolve_against(session: Session, model: Model, base_number: int, against: l
     for entry in against:
         number = base_number if entry == "parent" else entry
         try:
-            registry.get_version(session, model, number)
+            lineage.get_version(session, model, number)
         except Exception:
             raise invalid(f"mcu.against: model {model.id!r} has no version {number}", "mcu.against") from None
         if number not in numbers:

@@ -32,7 +32,7 @@ def admin_key(settings) -> str:
         return settings.admin_key
     path = Path(".lethe/admin_key")
     if not path.exists():
-        from service.auth import new_secret
+        from service.api.auth import new_secret
 
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(new_secret())
@@ -44,13 +44,13 @@ def demo_model(settings) -> str:
     """Build the demo fixture (seconds) and register it as model "demo"; returns its id."""
     from sqlalchemy import select
 
-    from service.db import session_scope
-    from service.models import Model, new_id
-    from service.registry import add_version
-    from service.sources import copy_source
-    from service.store import ArtifactStore
+    from service.domain.lineage import add_version
+    from service.domain.sources import copy_source
+    from service.infra.artifacts import ArtifactStore
+    from service.infra.db import session_scope
+    from service.infra.tables import Model, new_id
     from worker.engine.fixture import FixtureConfig, build_fixture
-    from worker.engine.recordset import normalise_records
+    from worker.engine.record_checks import normalise_records
     from worker.engine.synthetic import synthetic_people
 
     with session_scope() as session:
@@ -115,7 +115,7 @@ Demo model: {model_id}
         import uvicorn
 
         supervisor.start()
-        uvicorn.run("service.main:app", host=HOST, port=PORT, log_level="info")
+        uvicorn.run("service.api.app:app", host=HOST, port=PORT, log_level="info")
     finally:
         supervisor.stop()
     return 0

@@ -10,8 +10,8 @@ import torch
 from torch.func import functional_call
 
 from worker.engine import margin as M
+from worker.engine.connectivity.paths import Path
 from worker.engine.loading import autocast
-from worker.engine.mcu.paths import Path
 from worker.engine.records import collate
 
 

@@ -7,14 +7,14 @@ import random
 import time
 from dataclasses import dataclass
 
-from worker.engine.audit import RecordSet, evaluate, retain_utility
+from worker.engine.audit import EvaluationSet, evaluate, retain_utility
+from worker.engine.connectivity.barriers import barriers, chord, suppress_first
+from worker.engine.connectivity.curve import evaluate_path
+from worker.engine.connectivity.fit import fit_control_point
+from worker.engine.connectivity.params import ConnectivityParams
+from worker.engine.connectivity.paths import ControlPoint, Path, differing_names, load_weights, parameters_of
 from worker.engine.errors import EngineInputError
 from worker.engine.loading import context_length, load_model, lora_modules, resolve_device
-from worker.engine.mcu.barriers import barriers, chord, suppress_first
-from worker.engine.mcu.curve import evaluate_path
-from worker.engine.mcu.fit import fit_control_point
-from worker.engine.mcu.params import McuParams
-from worker.engine.mcu.paths import ControlPoint, Path, differing_names, load_weights, parameters_of
 from worker.engine.records import encode_records, normalise_records
 from worker.engine.runtime import PeakMemory, library_versions, seed_everything
 
@@ -27,11 +27,11 @@ class McuOutcome:
 
 
 def run_connectivity(start_source: str, end_source: str, forget: list[dict] | None, retain: list[dict] | None,
-                     params: McuParams | None = None, *, device: str | None = None, suppress: bool = True,
+                     params: ConnectivityParams | None = None, *, device: str | None = None, suppress: bool = True,
                      control_init: str | None = None, progress=None, should_cancel=None) -> McuOutcome:
     """`suppress`: also measure knowledge memorisation along the linear path (the suppress-first analysis).
     `control_init`: a version whose weights start theta_c instead of the midpoint."""
-    params = params or McuParams()
+    params = params or ConnectivityParams()
     params.validate()
     forget = normalise_records(forget, "forget") if forget else []
     retain = normalise_records(retain or [], "retain", allow_empty=True)
@@ -57,7 +57,7 @@ def run_connectivity(start_source: str, end_source: str, forget: list[dict] | No
         del init_model
 
     max_length = context_length(model, tokenizer, params.max_length)
-    forget_set = RecordSet(forget, tokenizer, max_length, params.seed, "forget") if forget else None
+    forget_set = EvaluationSet(forget, tokenizer, max_length, params.seed, "forget") if forget else None
     sample = random.Random(params.seed).sample(retain, min(params.max_retain, len(retain))) if retain else []
     retain_enc = encode_records(sample, tokenizer, max_length=max_length, seed=params.seed, what="retain")
 
@@ -105,7 +105,7 @@ def run_connectivity(start_source: str, end_source: str, forget: list[dict] | No
         load_weights(model, path.ensemble(params.ensemble_points))
         ensemble_model = model
         t0 = time.perf_counter()
-        retain_set = RecordSet(sample, tokenizer, max_length, params.seed, "retain") if sample else None
+        retain_set = EvaluationSet(sample, tokenizer, max_length, params.seed, "retain") if sample else None
         result["ensemble"] = {"points": params.ensemble_points,
                               "t": [(i + 1) / (params.ensemble_points + 1) for i in range(params.ensemble_points)],
                               "evaluation": evaluate_version(model, tokenizer, forget_set, retain_set)}
@@ -126,7 +126,7 @@ def choose_space(requested: str, names: list[str], weights: dict, adaptable: set
     return "lora" if names and lora_like else "full"
 
 
-def evaluate_version(model, tokenizer, forget: RecordSet | None, retain: RecordSet | None) -> dict:
+def evaluate_version(model, tokenizer, forget: EvaluationSet | None, retain: EvaluationSet | None) -> dict:
     """The audit's headline metrics of one model (the ensemble is evaluated like any version)."""
     def value(section, *path):
         for key in path:

@@ -2,8 +2,8 @@
 every metric before and after, and the evidence block. JSON for machines; report_html renders it."""
 from __future__ import annotations
 
-from service.jobs import canonical_sha256
-from service.models import Job, ModelVersion
+from service.domain.jobs import canonical_sha256
+from service.infra.tables import Job, ModelVersion
 
 EXACT_MATCH_LIMIT = 0.1  # the share of forget records a "forgotten" model may still reproduce verbatim
 

@@ -11,10 +11,10 @@ from fastapi import Depends, Request
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from service import audit_log
-from service.db import session_scope
-from service.errors import Problem
-from service.models import ApiKey, AuditEntry, utcnow
+from service.domain import audit_log
+from service.domain.errors import Problem
+from service.infra.db import session_scope
+from service.infra.tables import ApiKey, AuditEntry, utcnow
 from service.settings import get_settings
 
 SCOPES = ("jobs:write", "jobs:read", "models:write", "artifacts:read", "metrics:read", "admin")

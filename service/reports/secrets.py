@@ -3,7 +3,7 @@ out of the model, before and after, under every probe; and whether its answers a
 Records are named by id, never quoted."""
 from __future__ import annotations
 
-from service.report_charts import escape as _e
+from service.reports.charts import escape as _e
 
 
 def _share(figure: dict | None) -> str:

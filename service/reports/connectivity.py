@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import json
 
-from service.report import mcu_line
-from service.report_charts import escape as _e
-from service.report_charts import fmt as _fmt
-from service.report_charts import line_chart
+from service.reports.charts import escape as _e
+from service.reports.charts import fmt as _fmt
+from service.reports.charts import line_chart
+from service.reports.evidence import mcu_line
 
 
 def curve_section(curve: dict) -> str:

@@ -7,8 +7,8 @@ import time
 import torch
 
 from worker.engine import margin as M
+from worker.engine.connectivity.paths import Path, load_weights
 from worker.engine.loading import autocast
-from worker.engine.mcu.paths import Path, load_weights
 from worker.engine.metrics.text import generation_metrics
 from worker.engine.records import EncodedRecord, batches
 
@@ -37,7 +37,7 @@ def loss_and_violation(model, records: list[EncodedRecord], pad: int, params, *,
 
 def evaluate_path(model, tokenizer, path: Path, ts: list[float], params, *, forget=None, retain=None,
                   knowledge: bool = False, should_cancel=None, progress=None) -> list[dict]:
-    """One row per t. `forget` is an audit RecordSet (or None), `retain` a list of encoded records.
+    """One row per t. `forget` is an audit EvaluationSet (or None), `retain` a list of encoded records.
     The model is left holding the start's weights."""
     pad = tokenizer.pad_token_id
     rows = []

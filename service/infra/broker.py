@@ -31,4 +31,4 @@ class Transport(filesystem.Transport):
     Channel = Channel
 
 
-TRANSPORT = "service.broker:Transport"
+TRANSPORT = "service.infra.broker:Transport"

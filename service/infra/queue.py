@@ -6,7 +6,7 @@ from functools import lru_cache
 
 from celery import Celery
 
-from service.broker import TRANSPORT
+from service.infra.broker import TRANSPORT
 from service.settings import Settings, get_settings
 
 RUN_JOB = "lethe.run_job"
@@ -24,7 +24,7 @@ def make_celery(settings: Settings) -> Celery:
         transport_options = {"data_folder_in": str(folder / "queue"), "data_folder_out": str(folder / "queue"),
                              "processed_folder": str(folder / "processed"), "store_processed": False,
                              "control_folder": str(folder / "control")}
-        app.conf.broker_transport = TRANSPORT  # messages taken in the order they were sent (service.broker)
+        app.conf.broker_transport = TRANSPORT  # messages taken in the order they were sent (service.infra.broker)
     app.conf.update(
         task_default_queue=settings.queue,
         task_routes={RUN_JOB: {"queue": settings.queue}},

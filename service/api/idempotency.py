@@ -10,10 +10,10 @@ from fastapi.responses import JSONResponse
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from service.auth import Principal
-from service.errors import Problem
-from service.jobs import canonical_sha256
-from service.models import IdempotencyRecord
+from service.api.auth import Principal
+from service.domain.errors import Problem
+from service.domain.jobs import canonical_sha256
+from service.infra.tables import IdempotencyRecord
 
 
 def idempotent(session: Session, who: Principal, request: Request, key: str | None, body: dict,

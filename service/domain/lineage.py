@@ -4,10 +4,10 @@ from __future__ import annotations
 from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
-from service import audit_log
-from service.errors import not_found
-from service.models import Model, ModelVersion
-from service.store import manifest_sha256
+from service.domain import audit_log
+from service.domain.errors import not_found
+from service.infra.artifacts import manifest_sha256
+from service.infra.tables import Model, ModelVersion
 
 
 def get_model(session: Session, tenant: str, model_id: str) -> Model:

@@ -12,7 +12,7 @@ MARGIN_FIELDS = ("k", "rho", "eta", "beta")  # the restricted margin that define
 
 
 @dataclass
-class McuParams:
+class ConnectivityParams:
     curve: str = param("linear", "the path: the straight line, or a quadratic Bezier curve with a trained control "
                                  "point", choices=("linear", "bezier"))
     points: int = param(11, "T: the curve is evaluated at t = 0, 1/(T-1), ..., 1", ge=3, le=101)
@@ -43,7 +43,7 @@ class McuParams:
     seed: int = param(0, "seed of the retain sample and the fit")
 
     @classmethod
-    def from_dict(cls, values: dict | None = None) -> McuParams:
+    def from_dict(cls, values: dict | None = None) -> ConnectivityParams:
         """JSON or CLI values, coerced by the unlearning parameters' own rules; unknown names refused."""
         return build(cls, values or {}, "MCU parameter")
 

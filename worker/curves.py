@@ -7,14 +7,14 @@ import dataclasses
 import logging
 from pathlib import Path
 
-from service import audit_log, connectivity
-from service.db import session_scope
-from service.jobs import StateChanged, end_job, owned_job, still_ours
-from service.models import Job
-from service.registry import add_version, get_model, get_version
-from service.report import build_connectivity_report
+from service.domain import audit_log, connectivity
+from service.domain.jobs import StateChanged, end_job, owned_job, still_ours
+from service.domain.lineage import add_version, get_model, get_version
+from service.infra.artifacts import ArtifactStore
+from service.infra.db import session_scope
+from service.infra.tables import Job
+from service.reports.evidence import build_connectivity_report
 from service.settings import Settings
-from service.store import ArtifactStore
 from worker.work import LeaseKeeper, Work
 
 log = logging.getLogger("lethe.worker")
@@ -29,7 +29,7 @@ def measure_curves(work: Work, new_dir: str, store: ArtifactStore, tmp: Path, ke
                    device: str) -> list[dict]:
     """One curve per version the job named (the first also gets the ensemble when asked), from that version to
     the new one. A failure is recorded per curve and does not undo the unlearning."""
-    from worker.engine.mcu.run import run_connectivity
+    from worker.engine.connectivity.run import run_connectivity
 
     assert work.spec.connectivity is not None
     curves: list[dict] = []
@@ -100,7 +100,7 @@ def record_curves(session, job: Job, curves: list[dict], b: int, parent_of_ensem
 def execute_connectivity(work: Work, keeper: LeaseKeeper, settings: Settings, store: ArtifactStore,
                          tmp: Path) -> str:
     """A connectivity job: the curve from version a to version b."""
-    from worker.engine.mcu.run import run_connectivity
+    from worker.engine.connectivity.run import run_connectivity
 
     assert work.spec.connectivity is not None and work.curve_to is not None
     [(a, a_location)], (b, b_location) = work.curves_from.items(), work.curve_to

@@ -10,9 +10,9 @@ from typing import cast
 from sqlalchemy import CursorResult, and_, func, or_, select, update
 from sqlalchemy.orm import Session, object_session
 
-from service import audit_log
-from service.errors import Problem, not_found
-from service.models import TERMINAL, Job, Model, new_id, utcnow
+from service.domain import audit_log
+from service.domain.errors import Problem, not_found
+from service.infra.tables import TERMINAL, Job, Model, new_id, utcnow
 from worker.engine.jobspec import JobSpec
 
 

@@ -14,9 +14,9 @@ import re
 import tempfile
 from pathlib import Path
 
-from service.errors import Problem, invalid
+from service.domain.errors import Problem, invalid
+from service.infra.artifacts import ArtifactStore, safe_relative
 from service.settings import Settings
-from service.store import ArtifactStore, safe_relative
 
 BUCKET = re.compile(r"^s3://([a-z0-9][a-z0-9.\-]{1,61}[a-z0-9])(/.*)?$")
 

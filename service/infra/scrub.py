@@ -1,7 +1,7 @@
 """Erased text must not survive on disk in the database's leftovers (issue 12). A job's forget records are
-set to NULL when it ends (service.jobs.end_job); the old row versions stay: in SQLite's free pages and its
+set to NULL when it ends (service.domain.jobs.end_job); the old row versions stay: in SQLite's free pages and its
 write-ahead log, in PostgreSQL's dead tuples until vacuum. SQLite runs with secure_delete (freed content
-is zeroed; service.db) and its log is checkpointed and truncated here; PostgreSQL's jobs table is
+is zeroed; service.infra.db) and its log is checkpointed and truncated here; PostgreSQL's jobs table is
 vacuumed here, which frees the dead tuples for reuse (a VACUUM FULL, a maintenance step with an exclusive
 lock, also rewrites the file). The sweeper calls this after jobs end."""
 from __future__ import annotations

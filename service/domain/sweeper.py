@@ -9,18 +9,18 @@ from datetime import timedelta
 
 from sqlalchemy import func, select
 
-from service.db import get_engine, session_scope
-from service.jobs import fail_exhausted, jobs_to_resend
-from service.models import Job, utcnow
-from service.queue import enqueue
-from service.scrub import scrub
+from service.domain.jobs import fail_exhausted, jobs_to_resend
+from service.infra.db import get_engine, session_scope
+from service.infra.queue import enqueue
+from service.infra.scrub import scrub
+from service.infra.tables import Job, utcnow
 from service.settings import get_settings
 
 log = logging.getLogger("lethe.sweeper")
 RESEND_QUEUED_AFTER = timedelta(minutes=10)
 
 
-_scrubbed_up_to = None  # the latest ended_at already scrubbed (service.scrub)
+_scrubbed_up_to = None  # the latest ended_at already scrubbed (service.infra.scrub)
 
 
 def scrub_if_jobs_ended() -> str | None:

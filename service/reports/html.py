@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import json
 
-from service.report_charts import bar_chart, histogram, line_chart
-from service.report_charts import escape as _e
-from service.report_charts import fmt as _fmt
-from service.report_mcu import mcu_section, render_connectivity_report
-from service.report_secrets import degeneration_section, secrets_section
+from service.reports.charts import bar_chart, histogram, line_chart
+from service.reports.charts import escape as _e
+from service.reports.charts import fmt as _fmt
+from service.reports.connectivity import mcu_section, render_connectivity_report
+from service.reports.secrets import degeneration_section, secrets_section
 
 
 def _v(section, *path):

@@ -8,14 +8,14 @@ from datetime import datetime, timezone
 
 from sqlalchemy import and_, or_
 
-from service.errors import invalid
+from service.domain.errors import invalid
 
 
 def encode_token(created_at: datetime, item_id: str) -> str:
     return base64.urlsafe_b64encode(json.dumps([created_at.isoformat(), item_id]).encode()).decode()
 
 
-ITEM_ID = re.compile(r"[a-z]{2,16}_[0-9a-f]{32}")  # service.models.new_id
+ITEM_ID = re.compile(r"[a-z]{2,16}_[0-9a-f]{32}")  # service.infra.tables.new_id
 
 
 def decode_token(token: str) -> tuple[datetime, str]:

@@ -7,14 +7,14 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from worker.engine.mcu.params import McuParams
+from worker.engine.connectivity.params import ConnectivityParams
 from worker.engine.methods import METHODS, all_presets
 from worker.engine.param_base import Rule, help_of, json_schema, rule_of
 
 MAX_VERSION = 999_999_999  # version numbers fit any database's integer
 PLAIN = r"^[^\x00-\x1f\x7f-\x9f]*$"  # no control characters: a NUL reached PostgreSQL as a server error
 PROSE = r"^[^\x00-\x08\x0b\x0c\x0e-\x1f\x7f]*$"  # the same, with tabs and line breaks
-Record = dict[str, Any]  # checked by worker.engine.recordset with the engine's own rules
+Record = dict[str, Any]  # checked by worker.engine.record_checks with the engine's own rules
 
 
 # Read from the registry when the schema is generated, so a method registered later is listed too.
@@ -88,7 +88,7 @@ def _the_parent() -> list[Literal["parent"] | int]:
 def curve_field(name: str) -> Any:
     """A connectivity option with the engine's own default, help and range (shown in the schema, checked once, by
     the engine, when the job specification is parsed)."""
-    spec = next(f for f in dataclasses.fields(McuParams) if f.name == name)
+    spec = next(f for f in dataclasses.fields(ConnectivityParams) if f.name == name)
     rule = rule_of(spec) or Rule()
     extra: dict[str, Any] = {k: v for k, v in (("minimum", rule.ge), ("exclusiveMinimum", rule.gt),
                                                ("maximum", rule.le), ("exclusiveMaximum", rule.lt)) if v is not None}
@@ -98,7 +98,7 @@ def curve_field(name: str) -> Any:
 
 
 def _curve_params_schema(schema: dict) -> None:
-    schema["anyOf"] = [json_schema(McuParams, title="connectivity parameters"), {"type": "null"}]
+    schema["anyOf"] = [json_schema(ConnectivityParams, title="connectivity parameters"), {"type": "null"}]
 
 
 class CurveOptions(Strict):

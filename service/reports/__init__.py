@@ -1,0 +1,1 @@
+"""The audit report: its evidence and verdict (JSON), and the page for people (HTML, charts)."""
