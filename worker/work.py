@@ -7,6 +7,7 @@ import threading
 from dataclasses import dataclass, field
 
 from sqlalchemy import select
+from sqlalchemy.orm import Session
 
 from service.domain.errors import Problem, invalid
 from service.domain.jobs import end_job, heartbeat, log_state
@@ -80,7 +81,7 @@ def predates(number: int, missing: list[str], detail: str) -> dict:
                    f"version {number} {detail} (request(s) {', '.join(missing[:10])})").body()
 
 
-def read_work(session, job: Job) -> Work | None:
+def read_work(session: Session, job: Job) -> Work | None:
     """The job's run, read from the database; None when its base version no longer holds every erasure (the job
     is then FAILED)."""
     if job.spec is None:  # cannot happen after migration 0005 but for a request that no longer passes
@@ -111,7 +112,7 @@ def read_work(session, job: Job) -> Work | None:
     return work
 
 
-def model_busy(session, job_id: str) -> str | None:
+def model_busy(session: Session, job_id: str) -> str | None:
     """Another unlearning job of the same model that has started and not ended: this one waits for it, so
     that each new version starts from the one before and holds every erasure (issue 12). A lease that
     expired does not free the model (its worker may only be slow; the sweeper re-sends or fails that job).
@@ -126,7 +127,7 @@ def model_busy(session, job_id: str) -> str | None:
         Job.state.in_(("RUNNING", "CANCELLING"))).limit(1))
 
 
-def start_version(session, model, job: Job) -> ModelVersion | None:
+def start_version(session: Session, model: Model, job: Job) -> ModelVersion | None:
     """The version the job starts from: the head now, where the request named none; else the named one,
     which must still hold every erasure done on the model (else the job FAILS, saying which)."""
     if job.follows_head:
@@ -143,7 +144,7 @@ def start_version(session, model, job: Job) -> ModelVersion | None:
     return base
 
 
-def version_dirs(session, model: Model, numbers: list[int]) -> dict[int, str]:
+def version_dirs(session: Session, model: Model, numbers: list[int]) -> dict[int, str]:
     """Store locations of the named versions."""
     return {n: get_version(session, model, n).location for n in numbers}
 

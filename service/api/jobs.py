@@ -33,9 +33,8 @@ router = APIRouter(prefix="/v1/unlearning-jobs", tags=["unlearning jobs"])
 log = logging.getLogger("lethe.api")
 
 
-def checked_records(records, what: str, limit: int) -> list[dict] | None:
-    if records is None:
-        return None
+def checked_records(records: list, what: str, limit: int) -> list[dict]:
+    """A record set checked with the engine's own rules, within the service's size limit."""
     if len(records) > limit:
         raise invalid(f"{what}: {len(records)} records exceed the limit of {limit}", what)
     return normalise_records(records, what, allow_empty=what != "forget")
@@ -92,8 +91,8 @@ def submit(body: JobCreate, request: Request, who: Principal = Depends(require("
                           f"version {version.number} still holds data erased by request(s) {', '.join(missing[:10])}; "
                           "a new version must start from one that holds every erasure (leave version out: the head)")
         forget = checked_records(body.forget, "forget", settings.max_records)
-        retain = checked_records(body.retain, "retain", settings.max_records)
-        holdout = checked_records(body.holdout, "holdout", settings.max_records)
+        retain = checked_records(body.retain, "retain", settings.max_records) if body.retain is not None else None
+        holdout = checked_records(body.holdout, "holdout", settings.max_records) if body.holdout is not None else None
         spec = job_spec(body)
         assert spec.params is not None
         check_targets(spec.params.lora_targets, version.location)

@@ -46,7 +46,7 @@ class JobCollector:
         durations = HistogramMetricFamily("lethe_job_duration_seconds", "Run time of ended jobs (latest 10k)",
                                           labels=["state"])
         for state in ("SUCCEEDED", "FAILED", "CANCELLED"):
-            seconds = [(e - s).total_seconds() for st, s, e in ended if st == state]
+            seconds = [(e - s).total_seconds() for st, s, e in ended if st == state and s and e]
             buckets = [(str(b), sum(1 for x in seconds if x <= b)) for b in DURATION_BUCKETS]
             durations.add_metric([state], buckets, sum(seconds))
         yield durations

@@ -15,7 +15,8 @@ ORDER = itertools.count()
 
 
 class Channel(filesystem.Channel):
-    def _put(self, queue, payload, **kwargs):
+    # kombu's own bases disagree on the argument's name (message, payload): this follows filesystem.Channel.
+    def _put(self, queue, payload, **kwargs):  # type: ignore[override]
         """As kombu's, with a fixed-width name: wall-clock nanoseconds, then a per-process counter."""
         name = f"{time.time_ns():020d}{next(ORDER) % 10**6:06d}_{uuid.uuid4()}.{queue}.msg"
         path = os.path.join(self.data_folder_out, name)

@@ -77,6 +77,6 @@ def transactional(endpoint):
         with session_scope() as session:
             return endpoint(*args, session=session, **kwargs)
 
-    wrapper.__signature__ = signature.replace(
+    wrapper.__signature__ = signature.replace(  # type: ignore[attr-defined]
         parameters=[p for p in signature.parameters.values() if p.name != "session"])
     return wrapper

@@ -1,17 +1,12 @@
 """The audit report of one job (issue 4): a verdict with the evidence behind it, the stop-rule trace,
-every metric before and after, and the evidence block. JSON for machines; report_html renders it."""
+every metric before and after, and the evidence block. JSON for machines; service.reports.html renders it."""
 from __future__ import annotations
 
 from service.domain.jobs import canonical_sha256
 from service.infra.tables import Job, ModelVersion
+from service.reports.charts import metric_value
 
 EXACT_MATCH_LIMIT = 0.1  # the share of forget records a "forgotten" model may still reproduce verbatim
-
-
-def _value(section: dict | None, *path):
-    for key in path:
-        section = (section or {}).get(key)
-    return section.get("value") if isinstance(section, dict) else section
 
 
 def verdict(engine: dict, audit: dict) -> dict:
@@ -46,11 +41,11 @@ def verdict(engine: dict, audit: dict) -> dict:
     if "error" in audit:
         reasons.append(f"the audit failed: {audit['error']}")
     else:
-        before = _value(audit, "before", "forget_verbatim", "exact_match")
-        after = _value(audit, "after", "forget_verbatim", "exact_match")
+        before = metric_value(audit, "before", "forget_verbatim", "exact_match")
+        after = metric_value(audit, "after", "forget_verbatim", "exact_match")
         line = f"verbatim exact match on the forget set {before:.0%} -> {after:.0%}"
         (evidence if after <= EXACT_MATCH_LIMIT else reasons).append(line)
-        quantized = _value(audit, "quantization", "forget_verbatim", "exact_match")
+        quantized = metric_value(audit, "quantization", "forget_verbatim", "exact_match")
         if quantized is not None:
             line = f"after 4-bit quantisation {quantized:.0%}"
             (evidence if quantized <= EXACT_MATCH_LIMIT else reasons).append(line)
@@ -83,12 +78,12 @@ def secret_lines(audit: dict, evidence: list[str], reasons: list[str]) -> None:
     if greedy.get("value") is None:
         evidence.append(f"no secret to extract ({greedy.get('reason', 'none given or found')})")
         return
-    before = _value(audit, "before", "forget_secrets", "greedy")
+    before = metric_value(audit, "before", "forget_secrets", "greedy")
     checks = [("greedy decoding", greedy, greedy_max, "of the records", before),
               ("4-bit quantised, greedy", (audit.get("quantization") or {}).get("forget_secrets") or {}, greedy_max,
                "of the records", None),
               ("sampling", sampled, sampled_max, "of the samples",
-               _value(audit, "before", "forget_secrets", "sampled"))]
+               metric_value(audit, "before", "forget_secrets", "sampled"))]
     for name, figure, limit, unit, was in checks:
         value = figure.get("value")
         if value is None:

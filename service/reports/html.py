@@ -4,17 +4,11 @@ from __future__ import annotations
 
 import json
 
-from service.reports.charts import bar_chart, histogram, line_chart
+from service.reports.charts import bar_chart, histogram, line_chart, metric_value
 from service.reports.charts import escape as _e
 from service.reports.charts import fmt as _fmt
 from service.reports.connectivity import mcu_section, render_connectivity_report
 from service.reports.secrets import degeneration_section, secrets_section
-
-
-def _v(section, *path):
-    for key in path:
-        section = (section or {}).get(key) if isinstance(section, dict) else None
-    return section.get("value") if isinstance(section, dict) else None
 
 
 def _target_line(stop: dict) -> str:
@@ -51,7 +45,7 @@ def render_report(report: dict) -> str:
     loss = line_chart([(name, [p["step"] for p in losses], [p.get(name) for p in losses])
                        for name in ("total", "forget", "retain")], "Losses per step")
     before, after = audit.get("before", {}), audit.get("after", {})
-    metric_rows = [(label, _v(before, *path), _v(after, *path)) for label, path in (
+    metric_rows = [(label, metric_value(before, *path), metric_value(after, *path)) for label, path in (
         ("forget exact match", ("forget_verbatim", "exact_match")),
         ("forget ROUGE-L recall", ("forget_verbatim", "rouge_l_recall")),
         ("forget extraction strength", ("forget_verbatim", "extraction_strength")),

@@ -197,6 +197,8 @@ class Policy:
         if self.lora:
             with self.model.disable_adapter():
                 return self.model(**kwargs)
+        if self.frozen is None:
+            raise RuntimeError("the policy's frozen copy is gone: merged() was called")
         return self.frozen(**kwargs)
 
     def merged(self):

@@ -40,7 +40,7 @@ def prepare(model_source: str, forget: list[dict], retain: list[dict] | None, pa
     model, tokenizer = load_model(model_source, dev)
     max_length = context_length(model, tokenizer, params.max_length)
 
-    def encode(records, what):
+    def encode(records: list[dict], what: str) -> list[EncodedRecord]:
         return encode_records(records, tokenizer, max_length=max_length, seed=params.seed, what=what)
 
     return Prepared(dev, memory, started, model, tokenizer, encode(forget, "forget"), encode(retain, "retain"),
