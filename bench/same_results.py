@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from worker.engine.fixture import FixtureConfig, build_fixture
-from worker.engine.methods import params_for
+from worker.engine.methods import METHODS, params_for
 from worker.engine.synthetic import synthetic_people
 from worker.engine.unlearn import run_unlearning
 
@@ -36,7 +36,7 @@ def runs(forget: list[dict], named: list[dict]) -> list[tuple[str, str, dict, st
         ("masc_named", "masc", {"max_steps": 40}, None, named),
         ("masc_muse", "masc", {"max_steps": 20}, "muse-news", forget),
         ("masc_full", "masc", {"max_steps": 15, "lora": False, "lr": 1e-4}, None, forget),
-        *((f"b_{m}", m, BASELINE_BUDGET, None, forget) for m in ("ga", "graddiff", "npo", "npo_kl", "simnpo", "rmu")),
+        *((f"b_{m.name}", m.name, BASELINE_BUDGET, None, forget) for m in METHODS.values() if m.stop == "fixed-budget"),
         ("b_rmu_full", "rmu", {"lora": False, "lr": 1e-3, "epochs": 2, "effective_batch": 4, "rmu_layer": 1}, None,
          forget),
     ]
