@@ -22,6 +22,7 @@ ENSEMBLE_TAG = "mcu-ensemble"
 
 
 def fetch(store: ArtifactStore, location: str, tmp: Path, name: str) -> str:
+    """A version's directory on this machine: the store's own folder, or a copy fetched into tmp."""
     return str(store.local_path(location) or store.fetch_directory(location, tmp / name))
 
 
@@ -63,6 +64,7 @@ def _progress(keeper: LeaseKeeper):
 
 
 def save_ensemble(outcome, store: ArtifactStore, tmp: Path, location: str) -> dict:
+    """Store the MCU ensemble's checkpoint in this attempt's folder; its location and manifest."""
     from worker.engine.loading import save_model
 
     out = tmp / "ensemble"

@@ -26,6 +26,7 @@ log = logging.getLogger("lethe.worker")
 
 
 def run(job_id: str) -> str:
+    """Run one job (the Celery task's body); returns what happened, for the worker's log."""
     settings = get_settings()
     owner = f"{socket.gethostname()}:{os.getpid()}"
     with session_scope() as session:

@@ -77,6 +77,7 @@ class Work:
 
 
 def predates(number: int, missing: list[str], detail: str) -> dict:
+    """The problem of a base version that no longer holds every erasure."""
     return Problem(409, "version-predates-erasures", "Version predates erasures",
                    f"version {number} {detail} (request(s) {', '.join(missing[:10])})").body()
 

@@ -23,6 +23,7 @@ router = APIRouter(tags=["audit"])
 
 
 def entry_out(e: AuditEntry) -> dict:
+    """An audit-log entry as the API shows it."""
     return {"seq": e.seq, "at": e.at, "kind": e.kind, "subject": e.subject, "data": e.data,
             "prev_hash": e.prev_hash, "hash": e.hash}
 
@@ -31,6 +32,7 @@ def entry_out(e: AuditEntry) -> dict:
 @transactional
 def list_entries(who: Principal = Depends(require("jobs:read")), session: Session = INJECTED,
                  page_size: int = Query(100, ge=1, le=1000), page_token: str | None = None):
+    """The tenant's audit-log entries in order, paginated."""
     after = 0
     if page_token is not None:
         if not re.fullmatch(r"[0-9]{1,18}", page_token):  # a sequence number, within a 64-bit integer
@@ -76,6 +78,7 @@ def verify_against(body: VerifyRequest, who: Principal = Depends(require("jobs:r
 @router.get("/v1/audit-log/checkpoint")
 @transactional
 def checkpoint(who: Principal = Depends(require("jobs:read")), session: Session = INJECTED):
+    """The chain's head, signed with LETHE_AUDIT_KEY: keep it to detect later truncation or rewriting."""
     return audit_log.checkpoint(session, audit_log.signing_key(get_settings()))
 
 

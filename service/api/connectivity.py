@@ -26,6 +26,8 @@ router = APIRouter(prefix="/v1/models", tags=["connectivity"])
 @transactional
 def submit(model_id: str, body: ConnectivityCreate, request: Request, who: Principal = Depends(require("jobs:write")),
            session: Session = INJECTED, idempotency_key: str | None = Header(None)):
+    """Measure the curve between versions a and b of a model as a job of its own (kind `connectivity`), followed at
+    /v1/unlearning-jobs/{id}."""
     def create():
         settings = get_settings()
         check_quota(session, who.tenant, settings)
@@ -59,6 +61,7 @@ def submit(model_id: str, body: ConnectivityCreate, request: Request, who: Princ
 @transactional
 def list_curves(model_id: str, who: Principal = Depends(require("jobs:read")), session: Session = INJECTED,
                 page_size: int = Query(50, ge=1, le=500), page_token: str | None = None):
+    """A model's measured connectivity curves, paginated."""
     model = lineage.get_model(session, who.tenant, model_id)
     query = select(Connectivity).where(Connectivity.tenant == who.tenant, Connectivity.model_id == model.id)
     rows, token = paginate(session, query, Connectivity, page_size, page_token)
@@ -69,4 +72,5 @@ def list_curves(model_id: str, who: Principal = Depends(require("jobs:read")), s
 @transactional
 def read_curve(model_id: str, curve_id: str, who: Principal = Depends(require("jobs:read")),
                session: Session = INJECTED):
+    """One curve: its points, barriers, suppress-first analysis and ensemble."""
     return connectivity.view(connectivity.get_curve(session, who.tenant, model_id, curve_id))

@@ -81,6 +81,8 @@ def send(payload: dict) -> None:
 @transactional
 def submit(body: JobCreate, request: Request, who: Principal = Depends(require("jobs:write")),
            session: Session = INJECTED, idempotency_key: str | None = Header(None)):
+    """Submit a deletion request: 202 with the job and its Location. Records and parameters are checked here, once;
+    the job runs the specification stored with it. An Idempotency-Key replays the first answer."""
     def create():
         settings = get_settings()
         check_quota(session, who.tenant, settings)
@@ -119,6 +121,7 @@ def submit(body: JobCreate, request: Request, who: Principal = Depends(require("
 def list_jobs(who: Principal = Depends(require("jobs:read")), session: Session = INJECTED,
               state: str | None = None, model_id: str | None = None,
               page_size: int = Query(50, ge=1, le=500), page_token: str | None = None):
+    """The tenant's jobs, newest first, optionally by state or model; paginated."""
     query = select(Job).where(Job.tenant == who.tenant)
     if state is not None:
         if state not in JOB_STATES:
@@ -133,12 +136,15 @@ def list_jobs(who: Principal = Depends(require("jobs:read")), session: Session =
 @router.get("/{job_id}", response_model=JobOut)
 @transactional
 def read_job(job_id: str, who: Principal = Depends(require("jobs:read")), session: Session = INJECTED):
+    """One job: state, progress (step, V, losses, heartbeat), timestamps, attempt, error or result."""
     return job_view(get_job(session, who.tenant, job_id))
 
 
 @router.post("/{job_id}:cancel", response_model=JobOut)
 @transactional
 def cancel(job_id: str, who: Principal = Depends(require("jobs:write")), session: Session = INJECTED):
+    """Cancel a job: QUEUED ends CANCELLED at once; RUNNING becomes CANCELLING until its worker stops (409 once
+    ended)."""
     job = request_cancel(session, get_job(session, who.tenant, job_id))
     session.commit()
     return job_view(job)
@@ -148,6 +154,7 @@ def cancel(job_id: str, who: Principal = Depends(require("jobs:write")), session
 @transactional
 def engine_result(job_id: str, who: Principal = Depends(require("jobs:read")),
                   session: Session = INJECTED):
+    """The engine's full result of a job: stop-rule trace, per-record state, losses, parameters as run."""
     job = get_job(session, who.tenant, job_id)
     if job.engine_result is None:
         raise not_found(f"the result of job {job_id!r} (state {job.state})")
@@ -157,6 +164,7 @@ def engine_result(job_id: str, who: Principal = Depends(require("jobs:read")),
 @router.get("/{job_id}/report")
 @transactional
 def report(job_id: str, who: Principal = Depends(require("jobs:read")), session: Session = INJECTED):
+    """The audit report (JSON): the verdict and the evidence behind it."""
     job = get_job(session, who.tenant, job_id)
     if job.report is None:
         raise not_found(f"the report of job {job_id!r} (state {job.state}; reports exist for SUCCEEDED jobs)")
@@ -166,6 +174,7 @@ def report(job_id: str, who: Principal = Depends(require("jobs:read")), session:
 @router.get("/{job_id}/report.html", response_class=HTMLResponse)
 @transactional
 def report_html(job_id: str, who: Principal = Depends(require("jobs:read")), session: Session = INJECTED):
+    """The audit report as one self-contained page for people, the verdict first."""
     job = get_job(session, who.tenant, job_id)
     if job.report is None:
         raise not_found(f"the report of job {job_id!r} (state {job.state}; reports exist for SUCCEEDED jobs)")

@@ -19,6 +19,7 @@ router = APIRouter(prefix="/v1/api-keys", tags=["api keys"])
 
 
 def key_out(key: ApiKey) -> dict:
+    """An API key as the API shows it: never its secret, except once at creation."""
     return {"id": key.id, "tenant": key.tenant, "scopes": key.scopes, "name": key.name,
             "created_at": key.created_at, "revoked_at": key.revoked_at}
 
@@ -26,6 +27,7 @@ def key_out(key: ApiKey) -> dict:
 @router.post("", status_code=201, response_model=ApiKeyOut)
 @transactional
 def new_api_key(body: ApiKeyCreate, who: Principal = Depends(require("admin")), session: Session = INJECTED):
+    """Mint a key for a tenant with scopes; the answer is the only time its secret is shown."""
     if not is_operator(who):
         if body.tenant != who.tenant:
             raise Problem(403, "forbidden", "Forbidden", "a tenant's admin key mints keys for its own tenant only")

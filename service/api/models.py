@@ -26,10 +26,12 @@ router = APIRouter(prefix="/v1/models", tags=["models"])
 
 
 def store() -> ArtifactStore:
+    """The artifact store the settings name."""
     return ArtifactStore(get_settings().artifact_root)
 
 
 def model_out(session: Session, model: Model) -> dict:
+    """A model as the API shows it: its retain set by count, its head version by number."""
     return {"id": model.id, "name": model.name, "source": model.source, "description": model.description,
             "retain_count": len(model.retain_records or []),
             "latest_version": getattr(lineage.head_version(session, model), "number", None),
@@ -37,6 +39,7 @@ def model_out(session: Session, model: Model) -> dict:
 
 
 def version_out(v: ModelVersion) -> dict:
+    """A version as the API shows it: lineage, manifest hash and size, erasures held, tags."""
     return {"model_id": v.model_id, "number": v.number, "parent": v.parent_number, "job_id": v.job_id,
             "state": v.state, "manifest_sha256": v.manifest_sha256, "files": len(v.manifest),
             "size_bytes": sum(f["size"] for f in v.manifest), "erased_request_ids": v.erased_request_ids,
@@ -47,6 +50,8 @@ def version_out(v: ModelVersion) -> dict:
 @transactional
 def create_model(body: ModelCreate, request: Request, who: Principal = Depends(require("models:write")),
                  session: Session = INJECTED, idempotency_key: str | None = Header(None)):
+    """Register a lineage root (a folder under an import root, hf:org/name, or s3:// in an allowed bucket): its
+    files are copied into the store as version 1."""
     def create():
         retain = normalise_records(body.retain, "retain") if body.retain is not None else None
         if session.scalar(select(Model).where(Model.tenant == who.tenant, Model.name == body.name)):
@@ -74,6 +79,7 @@ def create_model(body: ModelCreate, request: Request, who: Principal = Depends(r
 @transactional
 def list_models(who: Principal = Depends(require("jobs:read")), session: Session = INJECTED,
                 page_size: int = Query(50, ge=1, le=500), page_token: str | None = None):
+    """The tenant's models, newest first, paginated."""
     rows, token = paginate(session, select(Model).where(Model.tenant == who.tenant), Model, page_size, page_token)
     return {"items": [model_out(session, m) for m in rows], "next_page_token": token}
 
@@ -81,6 +87,7 @@ def list_models(who: Principal = Depends(require("jobs:read")), session: Session
 @router.get("/{model_id}", response_model=ModelOut)
 @transactional
 def read_model(model_id: str, who: Principal = Depends(require("jobs:read")), session: Session = INJECTED):
+    """One model."""
     return model_out(session, lineage.get_model(session, who.tenant, model_id))
 
 
@@ -88,6 +95,7 @@ def read_model(model_id: str, who: Principal = Depends(require("jobs:read")), se
 @transactional
 def list_versions(model_id: str, who: Principal = Depends(require("jobs:read")),
                   session: Session = INJECTED):
+    """A model's versions, oldest first (version 1 is the registered source), in one page."""
     model = lineage.get_model(session, who.tenant, model_id)
     rows = session.scalars(select(ModelVersion).where(ModelVersion.model_id == model.id)
                            .order_by(ModelVersion.number)).all()
@@ -109,6 +117,7 @@ def _version(session, who, model_id, number: str) -> ModelVersion:
 @transactional
 def read_version(model_id: str, number: str, who: Principal = Depends(require("jobs:read")),
                  session: Session = INJECTED):
+    """One version, by number or `latest` (the head: the newest version that holds every erasure)."""
     return version_out(_version(session, who, model_id, number))
 
 
@@ -116,6 +125,7 @@ def read_version(model_id: str, number: str, who: Principal = Depends(require("j
 @transactional
 def list_files(model_id: str, number: str, who: Principal = Depends(require("artifacts:read")),
                session: Session = INJECTED):
+    """A version's manifest: every file with its size and sha256."""
     v = _version(session, who, model_id, number)
     return {"manifest_sha256": v.manifest_sha256, "files": v.manifest}
 
@@ -129,6 +139,7 @@ RANGE = re.compile(r"^bytes=([0-9]{0,19})-([0-9]{0,19})$")
 def download_file(model_id: str, number: str, path: str, who: Principal = Depends(require("artifacts:read")),
                   session: Session = INJECTED, range_header: str | None = Header(None, alias="range"),
                   if_none_match: str | None = Header(None)):
+    """One file of a version, streamed; honours Range; ETag is the file's sha256."""
     v = _version(session, who, model_id, number)
     entry = next((f for f in v.manifest if f["path"] == path), None)
     if entry is None:
@@ -175,6 +186,7 @@ def download_file(model_id: str, number: str, path: str, who: Principal = Depend
 @transactional
 def download_archive(model_id: str, number: str, who: Principal = Depends(require("artifacts:read")),
                      session: Session = INJECTED):
+    """A version's whole directory as one streamed tar."""
     v = _version(session, who, model_id, number)
     manifest, location = v.manifest, v.location
     name = f"{lineage.get_model(session, who.tenant, model_id).name}-v{v.number}"

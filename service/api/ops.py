@@ -60,12 +60,14 @@ REGISTRY.register(JobCollector())
 
 @router.get("/healthz")
 def healthz():
+    """Liveness: the process answers."""
     return {"status": "ok"}
 
 
 @router.get("/readyz")
 @transactional
 def readyz(session: Session = INJECTED):
+    """Readiness: the database and the broker answer (and, in embedded mode, the worker process lives)."""
     checks = {}
     try:
         session.execute(text("SELECT 1"))

@@ -20,6 +20,7 @@ def _scoped(exc: EngineInputError, scope: str) -> EngineInputError:
 
 @dataclass(frozen=True)
 class JobSpec:
+    """What a job runs: checked once at submission, stored canonical, trusted by the worker."""
     params: SharedParams | None  # the method's parameters; None for a connectivity job
     preset: str | None = None  # as requested, already folded into params (kept as evidence)
     connectivity: ConnectivityParams | None = None  # the curves to measure
@@ -57,6 +58,7 @@ class JobSpec:
         return cls(None, None, ConnectivityParams.from_dict(values))
 
     def stored(self) -> dict[str, Any]:
+        """The specification as JSON, every parameter present."""
         return {"method": self.method, "preset": self.preset,
                 "params": self.params.as_dict() if self.params is not None else None,
                 "connectivity": self.connectivity.as_dict() if self.connectivity is not None else None}

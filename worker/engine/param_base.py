@@ -34,6 +34,7 @@ class Rule:
     note: str = ""
 
     def allows(self, value: Any) -> bool:
+        """Whether `value` obeys the rule."""
         if self.auto and value == "auto":
             return True
         if self.choices is not None:
@@ -87,6 +88,7 @@ def internal(default: Any, help: str) -> Any:
 
 
 def rule_of(f: dataclasses.Field) -> Rule | None:
+    """A field's declared rule, if it has one."""
     return f.metadata.get("rule")
 
 
@@ -143,6 +145,7 @@ class SharedParams:
         self.check()
 
     def check(self) -> None:
+        """The rules that tie several fields together (the class's own; none here but lora_targets')."""
         self.need(self.lora_targets == "auto" or (len(self.lora_targets) > 0 and "auto" not in self.lora_targets),
                   "lora_targets", "must be \"auto\" or name at least one module")
 

@@ -26,6 +26,7 @@ StopPolicy = Literal["online-rule", "fixed-budget"]
 
 @dataclass(frozen=True)
 class Method:
+    """One registered method: what the API, the CLI, the benchmarks and a run need to know of it."""
     name: str
     summary: str
     params: type[SharedParams]
@@ -44,10 +45,12 @@ class Method:
         return trusted(self.params, values)
 
     def objective_class(self) -> type:
+        """The objective's class, imported now (torch)."""
         module, name = self.objective.split(":")
         return getattr(importlib.import_module(module), name)
 
     def schema(self) -> dict:
+        """The JSON schema of the method's parameters, with its defaults, as the API's OpenAPI document shows it."""
         return {**json_schema(self.params, dict(self.defaults), title=f"{self.name} parameters"),
                 "description": self.summary}
 
@@ -56,6 +59,7 @@ METHODS: dict[str, Method] = {}
 
 
 def register_method(method: Method) -> Method:
+    """Add a method to the registry (its name must be new)."""
     if method.name in METHODS:
         raise ValueError(f"method {method.name!r} is registered twice")
     METHODS[method.name] = method
@@ -63,6 +67,7 @@ def register_method(method: Method) -> Method:
 
 
 def get_method(name: str) -> Method:
+    """A registered method by name; an unknown one is refused, naming the known ones."""
     if name not in METHODS:
         raise EngineInputError(f"unknown method {name!r}; known: {', '.join(METHODS)}", field="method")
     return METHODS[name]
@@ -74,6 +79,7 @@ def params_for(method: str, values: dict | None = None, preset: str | None = Non
 
 
 def all_presets() -> list[str]:
+    """Every preset name of every method."""
     return sorted({p for m in METHODS.values() for p in m.presets})
 
 

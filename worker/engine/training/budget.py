@@ -21,6 +21,7 @@ from worker.engine.training.setup import Prepared
 
 
 def linear_schedule(warmup_steps: int, total_steps: int) -> Callable[[int], float]:
+    """The learning-rate factor per step: a linear warm-up, then a linear decay to 0 at total_steps."""
     def factor(step: int) -> float:
         if step < warmup_steps:
             return (step + 1) / warmup_steps
@@ -29,6 +30,7 @@ def linear_schedule(warmup_steps: int, total_steps: int) -> Callable[[int], floa
 
 
 class FixedBudget:
+    """The stop policy of the baselines: a fixed number of optimiser steps, then V measured once."""
     latest_v: float | None = None  # nothing is measured while the budget runs
     calibration_seconds: float | None = None  # nor calibrated before it
     stop_check_seconds = 0.0
@@ -44,6 +46,7 @@ class FixedBudget:
         self.micro_done = 0
 
     def start(self, objective: Any) -> None:
+        """Keep the objective: its policy measures the yardstick V at the end."""
         self.objective = objective
 
     def _forget_batches(self) -> Iterator[list[EncodedRecord]]:
@@ -55,9 +58,12 @@ class FixedBudget:
                 yield order[start:start + self.params.batch_size]
 
     def stop_before(self, step: int) -> str | None:
+        """Stop once every micro-batch of the budget has been trained."""
         return "budget" if self.micro_done >= self.total_micro else None
 
     def batches(self, step: int) -> Iterator[tuple[Batch | None, Batch | None]]:
+        """The step's micro-batches: forget records in a seeded epoch order, each paired with a random retain
+        record."""
         pad, dev = self.run.tokenizer.pad_token_id, self.run.device
         for _ in range(min(self.accumulate, self.total_micro - self.micro_done)):
             forget = collate(next(self.stream), pad).to(dev)
@@ -77,6 +83,7 @@ class FixedBudget:
         return torch.optim.lr_scheduler.LambdaLR(optimiser, linear_schedule(warmup, self.max_steps))
 
     def finish(self, stop_reason: str) -> Measured:
+        """V of every forget record on MASC's default margin (none when cancelled), and the budget's size."""
         run = self.run
         counts = {"forget": len(run.forget), "retain": len(run.retain)}
         if stop_reason == "cancelled":

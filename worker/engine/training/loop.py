@@ -16,6 +16,7 @@ from worker.engine.records import Batch
 
 
 class StopPolicy(Protocol):
+    """What the loop asks of a stop policy (training.rule.OnlineRule, training.budget.FixedBudget)."""
     @property
     def max_steps(self) -> int:
         """What progress reports as the run's length (the budget, or the safety cap)."""
@@ -46,6 +47,7 @@ class StopPolicy(Protocol):
 
 @dataclass
 class Trained:
+    """What the loop did: steps taken, why it stopped, the loss per step, when and how long it ran."""
     steps: int
     stop_reason: str
     loss_trace: list[dict]
@@ -56,6 +58,8 @@ class Trained:
 def train(objective: Any, stop: StopPolicy, parameters: list[torch.nn.Parameter], *, lr: float, weight_decay: float,
           grad_clip: float, device: torch.device, started: float, should_cancel: Callable[[], bool] | None = None,
           progress: Callable[[dict], None] | None = None) -> Trained:
+    """Train `parameters` with AdamW on the objective's loss over the stop policy's batches until it stops or
+    `should_cancel` says so."""
     optimiser = torch.optim.AdamW(parameters, lr=lr, weight_decay=weight_decay)
     schedule = stop.schedule(optimiser)
     loop_started = time.perf_counter()

@@ -9,6 +9,7 @@ from typing import Any
 
 @dataclass
 class Timing:
+    """Where a run's seconds went."""
     wall_seconds: float
     load_seconds: float  # loading, encoding and (MASC) calibration: everything before the first step
     loop_seconds: float
@@ -54,6 +55,7 @@ class Measured:
 
 @dataclass
 class UnlearnResult:
+    """A run's result, typed; `as_dict` is the document the service stores and the CLI writes."""
     engine_version: str
     method: str
     model: str
@@ -99,6 +101,7 @@ class UnlearnResult:
 
 @dataclass
 class UnlearnOutcome:
+    """What run_unlearning hands back."""
     result: UnlearnResult
     model: object | None  # the merged transformers model; None when cancelled
     tokenizer: Any

@@ -58,6 +58,7 @@ def split_validation(forget: list[EncodedRecord], params: MascParams) -> tuple[l
 
 
 class OnlineRule:
+    """MASC's stop policy: the online stop rule decides when training ends and which records a step sees."""
     accumulate = 1
 
     def __init__(self, run: Prepared, params: MascParams, holdout: list[dict]):
@@ -119,6 +120,7 @@ class OnlineRule:
                                      max(1.0, params.retain_weight) if params.secret_focus else 1.0)
 
     def measure(self, records: list[EncodedRecord]) -> list[RecordCheck]:
+        """The rule's measurement of these records on the current weights."""
         return self.objective.check_records(records, self.params.eval_batch_size)
 
     @property
@@ -139,6 +141,7 @@ class OnlineRule:
                 and check.violation > target)
 
     def trigger(self) -> list[RecordCheck]:
+        """The cheap check: the records' latest states (train mode) or a seeded sample of D_val (holdout mode)."""
         if self.train_mode:  # the latest state of every record, kept current by the training passes: free
             return self.latest.all()
         size = self.params.trigger_size
@@ -156,6 +159,7 @@ class OnlineRule:
         return {rid for rid, (_, leaked) in fresh.items() if leaked}
 
     def confirm(self) -> list[RecordCheck]:
+        """The deciding check: every record of D_val measured again (and, with secret focus, its own answer)."""
         checks = self.measure(self.confirm_set)
         if self.train_mode:
             if self.params.secret_focus:  # the model's own greedy answers, where nothing else is left to do
@@ -175,6 +179,8 @@ class OnlineRule:
                    + c.leaked for c in self.latest.all() if self.is_open(c.id))
 
     def stop_before(self, step: int) -> str | None:
+        """Every check_every steps the rule's check ("alpha" when it fires, else the forget weight may rise);
+        "max_steps" at the cap."""
         if self.rule.due(step):
             t0 = time.perf_counter()
             stop = self.rule.check(step, self.trigger, self.confirm)
@@ -186,6 +192,8 @@ class OnlineRule:
         return "max_steps" if step >= self.params.max_steps else None
 
     def batches(self, step: int) -> Iterator[tuple[Batch | None, Batch | None]]:
+        """One batch of the open records (with their own answers under secret focus) and a retain batch leaning to
+        the neighbours."""
         params, pad, dev, rng = self.params, self.run.tokenizer.pad_token_id, self.run.device, self.rng
         chosen = self.stream.next(self.is_open)
         if not chosen and self.sampler is None:
