@@ -74,7 +74,7 @@ LAYERS = ("service.api", "service.reports", "service.domain", "service.infra", "
 ALLOWED = {
     "service.infra": {"service.settings"},
     "service.domain": {"service.infra", "service.settings", "worker.engine"},
-    "service.reports": {"service.domain", "service.infra"},
+    "service.reports": {"service.domain", "service.infra", "worker.engine"},  # reads results by metric shape
     "service.api": {"service.domain", "service.infra", "service.reports", "service.settings", "worker.engine"},
     "worker": {"service.domain", "service.infra", "service.reports", "service.settings", "worker.engine"},
     "worker.engine": set(),

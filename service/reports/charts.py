@@ -7,14 +7,6 @@ W, H, PAD = 560, 220, 40
 COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd"]
 
 
-def metric_value(section: dict | None, *path: str):
-    """The figure at `path` in a report section: a metric's "value" (metrics have one shape), a plain number as
-    it is, None where the path or the value is missing."""
-    for key in path:
-        section = section.get(key) if isinstance(section, dict) else None
-    return section.get("value") if isinstance(section, dict) else section
-
-
 def escape(value) -> str:
     return html.escape(str(value))
 

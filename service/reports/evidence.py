@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from service.domain.jobs import canonical_sha256
 from service.infra.tables import Job, ModelVersion
-from service.reports.charts import metric_value
+from worker.engine.metrics import metric_value
 
 EXACT_MATCH_LIMIT = 0.1  # the share of forget records a "forgotten" model may still reproduce verbatim
 

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import json
 
-from service.reports.charts import bar_chart, histogram, line_chart, metric_value
+from service.reports.charts import bar_chart, histogram, line_chart
 from service.reports.charts import escape as _e
 from service.reports.charts import fmt as _fmt
 from service.reports.connectivity import mcu_section, render_connectivity_report
 from service.reports.secrets import degeneration_section, secrets_section
+from worker.engine.metrics import metric_value
 
 
 def _target_line(stop: dict) -> str:

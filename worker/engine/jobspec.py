@@ -65,7 +65,8 @@ class JobSpec:
 
     @classmethod
     def from_stored(cls, stored: dict[str, Any]) -> JobSpec:
-        """What `stored` wrote, trusted: it was checked when the job was submitted."""
+        """What `stored` wrote, trusted: it was checked when the job was submitted. A parameter added since takes
+        its default; one removed since must be dropped from stored jobs by a migration (as 0005 wrote them)."""
         params = get_method(stored["method"]).stored(stored["params"]) if stored.get("params") is not None else None
         curves = trusted(ConnectivityParams, stored["connectivity"]) if stored.get("connectivity") is not None else None
         return cls(params, stored.get("preset"), curves)

@@ -15,12 +15,13 @@ from worker.engine.connectivity.params import ConnectivityParams
 from worker.engine.connectivity.paths import ControlPoint, Path, differing_names, load_weights, parameters_of
 from worker.engine.errors import EngineInputError
 from worker.engine.loading import context_length, load_model, lora_modules, resolve_device
+from worker.engine.metrics import metric_value
 from worker.engine.records import encode_records, normalise_records
 from worker.engine.runtime import PeakMemory, library_versions, seed_everything
 
 
 @dataclass
-class McuOutcome:
+class ConnectivityOutcome:
     result: dict
     ensemble: object | None  # a transformers model holding the ensemble's weights
     tokenizer: object
@@ -28,11 +29,10 @@ class McuOutcome:
 
 def run_connectivity(start_source: str, end_source: str, forget: list[dict] | None, retain: list[dict] | None,
                      params: ConnectivityParams | None = None, *, device: str | None = None, suppress: bool = True,
-                     control_init: str | None = None, progress=None, should_cancel=None) -> McuOutcome:
+                     control_init: str | None = None, progress=None, should_cancel=None) -> ConnectivityOutcome:
     """`suppress`: also measure knowledge memorisation along the linear path (the suppress-first analysis).
     `control_init`: a version whose weights start theta_c instead of the midpoint."""
-    params = params or ConnectivityParams()
-    params.validate()
+    params = params or ConnectivityParams()  # checked where it was built (from_dict, a job's specification)
     forget = normalise_records(forget, "forget") if forget else []
     retain = normalise_records(retain or [], "retain", allow_empty=True)
     seed_everything(params.seed)
@@ -113,7 +113,7 @@ def run_connectivity(start_source: str, end_source: str, forget: list[dict] | No
     timing["wall_seconds"] = time.perf_counter() - started
     result["timing"] = timing
     result["peak_memory"] = memory.read()
-    return McuOutcome(result=result, ensemble=ensemble_model, tokenizer=tokenizer)
+    return ConnectivityOutcome(result=result, ensemble=ensemble_model, tokenizer=tokenizer)
 
 
 def choose_space(requested: str, names: list[str], weights: dict, adaptable: set[str]) -> str:
@@ -128,10 +128,7 @@ def choose_space(requested: str, names: list[str], weights: dict, adaptable: set
 
 def evaluate_version(model, tokenizer, forget: EvaluationSet | None, retain: EvaluationSet | None) -> dict:
     """The audit's headline metrics of one model (the ensemble is evaluated like any version)."""
-    def value(section, *path):
-        for key in path:
-            section = (section or {}).get(key)
-        return section.get("value") if isinstance(section, dict) else None
+    value = metric_value
     if forget is None:
         utility = retain_utility(model, tokenizer, retain)
         return {"model_utility": value(utility, "model_utility"), "reason": "no forget records: utility only"}

@@ -12,6 +12,14 @@ def metric(per_record: dict, value: float | None = None) -> dict:
     return {"value": value, "per_record": per_record}
 
 
+def metric_value(section: dict | None, *path: str):
+    """The figure at `path` in a result or report section: a metric's "value" (metrics have one shape), a plain
+    number as it is, None where the path or the value is missing."""
+    for key in path:
+        section = section.get(key) if isinstance(section, dict) else None
+    return section.get("value") if isinstance(section, dict) else section
+
+
 def unavailable(reason: str) -> dict:
     return {"value": None, "per_record": {}, "reason": reason}
 
