@@ -18,6 +18,7 @@ from service.api.schemas import CurveOptions, JobCreate, JobOut, Page
 from service.domain import connectivity, lineage
 from service.domain.errors import Problem, invalid, not_found
 from service.domain.jobs import check_quota, get_job, job_view, log_state, new_job, request_cancel
+from service.domain.subjects import record_subjects
 from service.infra.artifacts import ArtifactStore
 from service.infra.db import INJECTED, session_scope, transactional
 from service.infra.queue import enqueue
@@ -109,8 +110,9 @@ def submit(body: JobCreate, request: Request, who: Principal = Depends(require("
                       max_attempts=settings.max_attempts)
         session.add(job)
         session.flush()
+        subjects = record_subjects(session, job, body.subjects or [])
         log_state(job, {"base_version": job.base_version, "forget": job.forget_evidence["manifest_sha256"],
-                        "count": job.forget_evidence["count"]})
+                        "count": job.forget_evidence["count"], **({"subjects_sha256": subjects} if subjects else {})})
         return 202, job_view(job), f"/v1/unlearning-jobs/{job.id}"
 
     return idempotent(session, who, request, idempotency_key, body.model_dump(mode="json"), create, after_commit=send)

@@ -163,6 +163,10 @@ class JobCreate(Strict):
     params: dict[str, Any] | None = Field(default=None, json_schema_extra=_method_params_schema, description=(
         "The method's parameters, checked with the engine's own rules; none are needed (the schemas below give "
         "each method's names, ranges, defaults and meaning)."))
+    subjects: list[Annotated[str, Field(min_length=1, max_length=256, pattern=PLAIN)]] | None = Field(
+        default=None, max_length=1000, description=(
+            "The data subjects the request concerns, as opaque ids (kept only as hashes): "
+            "GET /v1/subjects/{subject} then answers what was erased of each, where and when."))
     audit: AuditOptions | None = None
     mcu: McuRequest | None = None
 
@@ -200,6 +204,33 @@ class JobOut(BaseModel):
     error: dict | None
     result: JobResult | None
     forget: dict  # evidence only: count and hashes, never the records
+
+
+class SubjectRequest(BaseModel):
+    request_id: str
+    job_id: str
+    model_id: str
+    state: str
+    created_at: datetime
+    ended_at: datetime | None
+    version: int | None  # the version the request made (SUCCEEDED only)
+    verdict: dict | None  # the report's verdict: forgotten and its summary
+
+
+class SubjectModel(BaseModel):
+    model_id: str
+    name: str
+    erased: bool  # some request naming the subject succeeded on this model
+    erased_in: list[dict]  # request id and the version it made
+    versions_holding_erasure: list[int]
+    versions_predating_erasure: list[int]  # READY versions without every such erasure: stop serving these
+    pending_requests: list[str]
+
+
+class SubjectOut(BaseModel):
+    subject: str
+    requests: list[SubjectRequest]
+    models: list[SubjectModel]
 
 
 class Page(BaseModel):

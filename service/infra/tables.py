@@ -1,5 +1,5 @@
-"""Database tables: API keys, models and their versions, jobs (unlearning and connectivity),
-idempotency records, retrain references, the audit log, connectivity results."""
+"""Database tables: API keys, models and their versions, jobs (unlearning and connectivity), the data subjects
+they name, idempotency records, retrain references, the audit log, connectivity results."""
 from __future__ import annotations
 
 import uuid
@@ -10,6 +10,7 @@ from sqlalchemy import (
     Boolean,
     DateTime,
     ForeignKey,
+    Index,
     Integer,
     String,
     Text,
@@ -134,6 +135,18 @@ class Job(Base):
     error: Mapped[dict | None] = mapped_column(JSON, nullable=True)  # a problem object
     result: Mapped[dict | None] = mapped_column(JSON, nullable=True)  # summary for the job view
     engine_result: Mapped[dict | None] = mapped_column(JSON, nullable=True)  # the engine's result JSON
+
+
+class ErasureSubject(Base):
+    """A data subject a deletion request named (issue 14), kept as the sha256 of the tenant and the subject's
+    opaque id, never the id itself: the service answers for a subject it is asked about and lists none."""
+    __tablename__ = "erasure_subjects"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    tenant: Mapped[str] = mapped_column(String(128))
+    subject_sha256: Mapped[str] = mapped_column(String(64))
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id"), index=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    __table_args__ = (Index("ix_erasure_subjects_tenant_subject", "tenant", "subject_sha256"),)
 
 
 class IdempotencyRecord(Base):

@@ -8,7 +8,7 @@ from service.infra.tables import Base
 from tests.service.conftest import create_pg_database, drop_pg_database, migrate, pg_url
 
 TABLES = {"api_keys", "models", "model_versions", "jobs", "idempotency_records", "audit_log", "retrain_references",
-          "connectivity"}
+          "connectivity", "erasure_subjects"}
 
 
 def schema_drift(url: str) -> list:

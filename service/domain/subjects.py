@@ -1,0 +1,58 @@
+"""Data subjects (issue 14): a deletion request may name the subjects it concerns (opaque ids, kept only as
+hashes). For a subject the service answers which requests erased it, on which models and versions, when and with
+which verdict, and which versions of those models still predate the erasure: the versions a deployment must stop
+serving."""
+from __future__ import annotations
+
+import hashlib
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from service.infra.tables import ErasureSubject, Job, Model, ModelVersion
+
+
+def subject_sha256(tenant: str, subject: str) -> str:
+    return hashlib.sha256(f"{tenant}\x00{subject}".encode()).hexdigest()
+
+
+def record_subjects(session: Session, job: Job, subjects: list[str]) -> list[str]:
+    """The request's subjects, stored with its job as hashes (each once); their hashes, for the audit log."""
+    hashes = list(dict.fromkeys(subject_sha256(job.tenant, s) for s in subjects))
+    session.add_all(ErasureSubject(tenant=job.tenant, subject_sha256=h, job_id=job.id) for h in hashes)
+    return hashes
+
+
+def _request(job: Job) -> dict:
+    verdict = (job.report or {}).get("verdict")
+    return {"request_id": job.request_id, "job_id": job.id, "model_id": job.model_id, "state": job.state,
+            "created_at": job.created_at, "ended_at": job.ended_at,
+            "version": (job.result or {}).get("model_version") if job.state == "SUCCEEDED" else None,
+            "verdict": {"forgotten": verdict["forgotten"], "summary": verdict["summary"]} if verdict else None}
+
+
+def subject_view(session: Session, tenant: str, subject: str) -> dict:
+    """Every request of the tenant that named the subject, and per model: whether its head holds every erasure of
+    the subject that succeeded, in which versions they were made, and which versions do not hold them all."""
+    digest = subject_sha256(tenant, subject)
+    jobs = session.scalars(select(Job).join(ErasureSubject, ErasureSubject.job_id == Job.id)
+                           .where(ErasureSubject.tenant == tenant, ErasureSubject.subject_sha256 == digest)
+                           .order_by(Job.created_at)).all()
+    models = []
+    for model_id in dict.fromkeys(j.model_id for j in jobs):
+        model = session.get_one(Model, model_id)
+        done = {j.request_id: j for j in jobs if j.model_id == model_id and j.state == "SUCCEEDED"}
+        versions = session.scalars(select(ModelVersion).where(ModelVersion.model_id == model_id,
+                                                              ModelVersion.state == "READY")
+                                   .order_by(ModelVersion.number)).all()
+        holding = [v.number for v in versions if done and set(done) <= set(v.erased_request_ids or [])]
+        models.append({
+            "model_id": model_id, "name": model.name, "erased": bool(done) and bool(holding),
+            "erased_in": [{"request_id": rid, "version": (j.result or {}).get("model_version")}
+                          for rid, j in done.items()],
+            "versions_holding_erasure": holding,
+            # Versions that still carry the subject's data: every READY version without all of its erasures.
+            "versions_predating_erasure": [v.number for v in versions if done and v.number not in holding],
+            "pending_requests": [j.request_id for j in jobs if j.model_id == model_id
+                                 and j.state in ("QUEUED", "RUNNING", "CANCELLING")]})
+    return {"subject": subject, "requests": [_request(j) for j in jobs], "models": models}
