@@ -9,7 +9,7 @@ from worker.engine.synthetic import synthetic_people
 
 # Modules that train models or drive the service end to end: `make test-fast` leaves them out (issue 13).
 SLOW_MODULES = {"test_unlearning_end_to_end", "test_architectures", "test_baselines", "test_mcu", "test_audit",
-                "test_cli", "test_calibration", "test_secrets"}
+                "test_chat", "test_cli", "test_calibration", "test_secrets"}
 
 
 def pytest_collection_modifyitems(items):
@@ -43,6 +43,28 @@ def fixture_model(tmp_path_factory, people):
     out = tmp_path_factory.mktemp("fixture") / "model"
     summary = build_fixture([r for p in people for r in p], out, TINY, log=lambda _: None)
     assert summary["memorised_fraction"] == 1.0, summary
+    return out
+
+
+# A chat template in plain-text markers (the fixture's tokenizer has no chat special tokens): a user turn, then the
+# assistant's, which ends with the EOS token.
+CHAT_TEMPLATE = ("{% for m in messages %}{% if m['role'] == 'user' %}User: {{ m['content'] }}\n"
+                 "{% else %}Assistant: {{ m['content'] }}{{ eos_token }}\n{% endif %}{% endfor %}"
+                 "{% if add_generation_prompt %}Assistant:{% endif %}")
+
+
+@pytest.fixture(scope="session")
+def chat_fixture_model(tmp_path_factory, fixture_model):
+    """The fixture model with a chat template in its tokenizer, saved as any instruct model ships it."""
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    out = tmp_path_factory.mktemp("chat-fixture") / "model"
+    shutil.copytree(fixture_model, out)
+    tokenizer = AutoTokenizer.from_pretrained(out)
+    tokenizer.chat_template = CHAT_TEMPLATE
+    tokenizer.save_pretrained(out)
     return out
 
 

@@ -39,7 +39,8 @@ def measure_curves(work: Work, new_dir: str, store: ArtifactStore, tmp: Path, ke
         try:
             outcome = run_connectivity(fetch(store, location, tmp, f"v{number}"), new_dir, work.forget, work.retain,
                                        params, device=device, suppress=number == work.parent,
-                                       progress=_progress(keeper), should_cancel=keeper.should_stop)
+                                       progress=_progress(keeper), should_cancel=keeper.should_stop,
+                                       format=work.spec.format)
         except InterruptedError:
             return curves  # cancelled or lease lost; the finish decides what that means
         except Exception as exc:
@@ -109,7 +110,8 @@ def execute_connectivity(work: Work, keeper: LeaseKeeper, settings: Settings, st
     try:
         outcome = run_connectivity(fetch(store, a_location, tmp, "a"), fetch(store, b_location, tmp, "b"),
                                    work.forget or None, work.retain, work.spec.connectivity, device=settings.device,
-                                   progress=_progress(keeper), should_cancel=keeper.should_stop)
+                                   progress=_progress(keeper), should_cancel=keeper.should_stop,
+                                   format=work.spec.format)
     except InterruptedError:
         outcome = None
     if keeper.lost.is_set():

@@ -71,7 +71,7 @@ def _execute(work: Work, keeper: LeaseKeeper, settings: Settings) -> str:
 
             outcome = run_unlearning(str(source), work.forget, work.retain, holdout=work.holdout,
                                      params=work.spec.params, device=settings.device, progress=progress,
-                                     should_cancel=keeper.should_stop)
+                                     should_cancel=keeper.should_stop, format=work.spec.format)
             if keeper.lost.is_set():
                 return "lease lost"  # another worker owns the job now; write nothing
             result = outcome.result.as_dict()
@@ -117,7 +117,7 @@ def _audit(work: Work, outcome, source: str, store: ArtifactStore, tmp: Path) ->
             reference = store.local_path(work.reference) or store.fetch_directory(work.reference, tmp / "reference")
         return run_audit(source, outcome.model, outcome.tokenizer, work.forget, work.retain, work.holdout,
                          options=work.audit_options, reference_source=str(reference) if reference else None,
-                         seed=work.spec.params.seed if work.spec.params else 0)
+                         seed=work.spec.params.seed if work.spec.params else 0, format=work.spec.format)
     except Exception as exc:
         log.exception("audit failed")
         return {"error": f"{type(exc).__name__}: {exc}"[:2000]}

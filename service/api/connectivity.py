@@ -34,7 +34,7 @@ def submit(model_id: str, body: ConnectivityCreate, request: Request, who: Princ
         model = lineage.get_model(session, who.tenant, model_id)
         options = body.model_dump(exclude={"forget"})
         try:
-            spec = JobSpec.curve(body.engine_values())
+            spec = JobSpec.curve(body.engine_values(), model.format)
         except EngineInputError as exc:
             raise EngineInputError(str(exc), field=exc.field and body.body_field(exc.field)) from None
         forget = checked_records(body.forget, "forget", settings.max_records) if body.forget else []

@@ -16,19 +16,18 @@ from service.api.idempotency import idempotent
 from service.api.pagination import paginate
 from service.api.schemas import CurveOptions, JobCreate, JobOut, Page
 from service.domain import connectivity, lineage
+from service.domain.checkpoints import check_chat_template, check_targets
 from service.domain.errors import Problem, invalid, not_found
 from service.domain.jobs import check_quota, get_job, job_view, log_state, new_job, request_cancel
 from service.domain.subjects import record_subjects
-from service.infra.artifacts import ArtifactStore
 from service.infra.db import INJECTED, session_scope, transactional
 from service.infra.queue import enqueue
-from service.infra.tables import JOB_STATES, TERMINAL, Job, utcnow
+from service.infra.tables import JOB_STATES, TERMINAL, Job, Model, utcnow
 from service.reports.html import render_report
 from service.settings import get_settings
 from worker.engine.errors import EngineInputError
 from worker.engine.jobspec import JobSpec
 from worker.engine.record_checks import normalise_records
-from worker.engine.targets import check_requested, checkpoint_inventory
 
 router = APIRouter(prefix="/v1/unlearning-jobs", tags=["unlearning jobs"])
 log = logging.getLogger("lethe.api")
@@ -41,28 +40,18 @@ def checked_records(records: list, what: str, limit: int) -> list[dict]:
     return normalise_records(records, what, allow_empty=what != "forget")
 
 
-def job_spec(body: JobCreate) -> JobSpec:
+def job_spec(body: JobCreate, model: Model) -> JobSpec:
     """The request's method, parameters and curves, checked once with the engine's own rules (so that a job never
-    fails later on them), every default and preset resolved: what the worker runs."""
+    fails later on them), every default and preset resolved: what the worker runs. The format is the request's,
+    else the model's."""
     try:
         return JobSpec.unlearning(body.method, body.params, body.preset,
-                                  body.mcu.engine_values() if body.mcu is not None else None)
+                                  body.mcu.engine_values() if body.mcu is not None else None,
+                                  body.format or model.format)
     except EngineInputError as exc:
         if exc.field and exc.field.startswith("mcu."):
             raise EngineInputError(str(exc), field="mcu." + CurveOptions.body_field(exc.field[4:])) from None
         raise
-
-
-def check_targets(requested, location: str) -> None:
-    """Named LoRA targets must exist in the model: checked on the checkpoint's safetensors headers, without
-    loading it, where the store is on this machine (elsewhere the worker checks on the loaded model)."""
-    directory = ArtifactStore(get_settings().artifact_root).local_path(location)
-    inventory = checkpoint_inventory(directory) if directory is not None and directory.is_dir() else None
-    if inventory is not None:
-        try:
-            check_requested(requested, *inventory)
-        except EngineInputError as exc:
-            raise EngineInputError(str(exc), field=f"params.{exc.field}") from None
 
 
 def send(payload: dict) -> None:
@@ -96,9 +85,10 @@ def submit(body: JobCreate, request: Request, who: Principal = Depends(require("
         forget = checked_records(body.forget, "forget", settings.max_records)
         retain = checked_records(body.retain, "retain", settings.max_records) if body.retain is not None else None
         holdout = checked_records(body.holdout, "holdout", settings.max_records) if body.holdout is not None else None
-        spec = job_spec(body)
+        spec = job_spec(body, model)
         assert spec.params is not None
         check_targets(spec.params.lora_targets, version.location)
+        check_chat_template(spec.format, version.location)
         mcu = None
         if body.mcu is not None:
             mcu = {**body.mcu.model_dump(), "against": connectivity.resolve_against(session, model, version.number,

@@ -14,12 +14,14 @@ from service.api.idempotency import idempotent
 from service.api.pagination import paginate
 from service.api.schemas import MAX_VERSION, ModelCreate, ModelOut, Page, VersionOut
 from service.domain import lineage
+from service.domain.checkpoints import check_chat_template
 from service.domain.errors import Problem, invalid, not_found
 from service.domain.sources import copy_source
 from service.infra.artifacts import STREAM_CHUNK, ArtifactStore
 from service.infra.db import INJECTED, transactional
 from service.infra.tables import Model, ModelVersion, new_id
 from service.settings import get_settings
+from worker.engine.chat import check_format
 from worker.engine.record_checks import normalise_records
 
 router = APIRouter(prefix="/v1/models", tags=["models"])
@@ -32,7 +34,8 @@ def store() -> ArtifactStore:
 
 def model_out(session: Session, model: Model) -> dict:
     """A model as the API shows it: its retain set by count, its head version by number."""
-    return {"id": model.id, "name": model.name, "source": model.source, "description": model.description,
+    return {"id": model.id, "name": model.name, "source": model.source, "format": model.format,
+            "description": model.description,
             "retain_count": len(model.retain_records or []),
             "latest_version": getattr(lineage.head_version(session, model), "number", None),
             "created_at": model.created_at}
@@ -57,18 +60,19 @@ def create_model(body: ModelCreate, request: Request, who: Principal = Depends(r
         if session.scalar(select(Model).where(Model.tenant == who.tenant, Model.name == body.name)):
             raise Problem(409, "conflict", "Conflict", f"a model named {body.name!r} exists")
         model = Model(id=new_id("mdl"), tenant=who.tenant, name=body.name, source=body.source,
-                      description=body.description, retain_records=retain)
+                      description=body.description, retain_records=retain, format=check_format(body.format))
         location = f"models/{model.id}/v1"
         artifacts = store()
         try:
             manifest = copy_source(get_settings(), artifacts, body.source, location)
+            check_chat_template(model.format, location)
             session.add(model)
             session.flush()  # a concurrent twin with the same name fails here (idempotent() answers it)
             lineage.add_version(session, model, location=location, manifest=manifest, parent=None, job_id=None,
                                  request_id=None, tags=["source"])
             session.flush()
-        except BaseException:  # nothing half-copied stays behind
-            artifacts.delete(location)
+        except BaseException:  # nothing half-copied stays behind, not even the model's empty folder
+            artifacts.delete(f"models/{model.id}")
             raise
         return 201, model_out(session, model), f"/v1/models/{model.id}"
 

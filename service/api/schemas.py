@@ -7,6 +7,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from worker.engine.chat import FORMATS
 from worker.engine.connectivity.params import ConnectivityParams
 from worker.engine.methods import METHODS, all_presets
 from worker.engine.param_base import Rule, help_of, json_schema, rule_of
@@ -42,12 +43,16 @@ class ModelCreate(Strict):
                         description="local path | hf:org/name | s3://...")
     retain: list[Record] | None = None
     description: str | None = Field(default=None, max_length=10_000, pattern=PROSE)
+    format: str = Field(default="plain", max_length=16, json_schema_extra={"enum": list(FORMATS)}, description=(
+        "how its jobs show records to the model unless a job says otherwise: \"plain\" (prompt + completion as "
+        "one string) or \"chat\" (its tokenizer's chat template, user and assistant turns)"))
 
 
 class ModelOut(BaseModel):
     id: str
     name: str
     source: str
+    format: str
     description: str | None
     retain_count: int
     latest_version: int | None
@@ -163,6 +168,9 @@ class JobCreate(Strict):
     params: dict[str, Any] | None = Field(default=None, json_schema_extra=_method_params_schema, description=(
         "The method's parameters, checked with the engine's own rules; none are needed (the schemas below give "
         "each method's names, ranges, defaults and meaning)."))
+    format: str | None = Field(default=None, max_length=16, json_schema_extra={"enum": [*FORMATS, None]}, description=(
+        "\"plain\" or \"chat\" (the tokenizer's chat template: user and assistant turns, the answer scored); "
+        "default: the model's"))
     subjects: list[Annotated[str, Field(min_length=1, max_length=256, pattern=PLAIN)]] | None = Field(
         default=None, max_length=1000, description=(
             "The data subjects the request concerns, as opaque ids (kept only as hashes): "

@@ -32,6 +32,10 @@ def flag_help(name: str) -> str:
 PARAM_NAMES = list(dict.fromkeys(f.name for m in METHODS.values() for f in user_fields(m.params) if f.name != "lora"))
 
 
+FORMAT_HELP = ("\"plain\": prompt + completion as one string; \"chat\": rendered with the tokenizer's chat template "
+               "(a user and an assistant turn; the answer is what is scored) [default: plain]")
+
+
 class OneLineParser(argparse.ArgumentParser):
     def error(self, message: str):
         self.exit(2, f"error: {message}\n")
@@ -65,6 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
     unlearn.add_argument("--method", default="masc",
                          help="; ".join(f"{m.name}: {m.summary}" for m in METHODS.values()) + " [default: masc]")
     unlearn.add_argument("--device", default="auto")
+    unlearn.add_argument("--format", default="plain", help=FORMAT_HELP)
     unlearn.add_argument("--full", action="store_true", help="full fine-tuning with a frozen copy instead of LoRA")
     unlearn.add_argument("--no-progress", action="store_true")
     for name in PARAM_NAMES:
@@ -79,6 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
     curve.add_argument("--out", required=True, help="a JSON file for the result")
     curve.add_argument("--ensemble-out", help="a new directory for the MCU ensemble (implies --ensemble true)")
     curve.add_argument("--device", default="auto")
+    curve.add_argument("--format", default="plain", help=FORMAT_HELP)
     for f in user_fields(ConnectivityParams):
         curve.add_argument("--" + f.name.replace("_", "-"), dest="mcu_" + f.name, default=None, metavar="V",
                            help=f"{help_of(f)} [default: {f.default!r}]".replace("%", "%%"))
@@ -144,7 +150,7 @@ def cmd_unlearn(args) -> int:
             bar.set_postfix(loss=f"{p['losses']['total']:.4f}", V="-" if v is None else f"{v:.3f}")
 
         outcome = run_unlearning(args.model, forget, retain, holdout=holdout, params=params, device=args.device,
-                                 progress=progress)
+                                 progress=progress, format=args.format)
         bar.close()
         if outcome.model is not None:
             save_model(outcome.model, outcome.tokenizer, staging / "model")
@@ -174,7 +180,7 @@ def cmd_connectivity(args) -> int:
     forget = read_records(args.forget) if args.forget else None
     retain = read_records(args.retain) if args.retain else None
     try:
-        outcome = run_connectivity(args.a, args.b, forget, retain, params, device=args.device)
+        outcome = run_connectivity(args.a, args.b, forget, retain, params, device=args.device, format=args.format)
         Path(args.out).write_text(json.dumps(outcome.result, indent=2))
         if args.ensemble_out:
             save_model(outcome.ensemble, outcome.tokenizer, staging)

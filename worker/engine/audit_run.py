@@ -9,6 +9,7 @@ import time
 import torch
 
 from worker.engine.audit import ATTACKS, EvaluationSet, evaluate, verbatim
+from worker.engine.chat import render
 from worker.engine.extraction import DEFAULT_SAMPLES, greedy_leaks, request_secrets, secret_sources
 from worker.engine.loading import context_length, load_model
 from worker.engine.metrics import unavailable
@@ -55,12 +56,13 @@ def _perplexity_under(model, evaluation: dict, pad_id: int) -> None:
 
 def run_audit(base_source: str, new_model, tokenizer, forget: list[dict], retain: list[dict] | None,
               holdout: list[dict] | None, *, options: dict | None = None, reference_source: str | None = None,
-              seed: int = 0, device=None) -> dict:
+              seed: int = 0, device=None, format: str = "plain") -> dict:
+    """`format` "chat": the records rendered with the tokenizer's chat template, as the unlearning saw them."""
     options = {**DEFAULT_OPTIONS, **(options or {})}
     started = time.perf_counter()
-    forget = normalise_records(forget, "forget")
-    retain = normalise_records(retain or [], "retain", allow_empty=True)
-    holdout = normalise_records(holdout or [], "holdout", allow_empty=True)
+    forget = render(normalise_records(forget, "forget"), tokenizer, format, "forget")
+    retain = render(normalise_records(retain or [], "retain", allow_empty=True), tokenizer, format, "retain")
+    holdout = render(normalise_records(holdout or [], "holdout", allow_empty=True), tokenizer, format, "holdout")
     device = device or next(new_model.parameters()).device
     sets = _sets(tokenizer, new_model, forget, retain, holdout, seed)
     secrets = request_secrets(forget, retain)

@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from worker.engine.chat import check_format
 from worker.engine.connectivity.params import MARGIN_FIELDS, ConnectivityParams
 from worker.engine.errors import EngineInputError
 from worker.engine.methods import get_method, params_for
@@ -24,6 +25,7 @@ class JobSpec:
     params: SharedParams | None  # the method's parameters; None for a connectivity job
     preset: str | None = None  # as requested, already folded into params (kept as evidence)
     connectivity: ConnectivityParams | None = None  # the curves to measure
+    format: str = "plain"  # how the records are shown to the model: "plain" or "chat" (worker.engine.chat)
 
     @property
     def method(self) -> str | None:
@@ -31,7 +33,7 @@ class JobSpec:
 
     @classmethod
     def unlearning(cls, method: str, values: dict | None = None, preset: str | None = None,
-                   connectivity: dict | None = None) -> JobSpec:
+                   connectivity: dict | None = None, format: str = "plain") -> JobSpec:
         """An unlearning job; `connectivity`: the flat ConnectivityParams values of the curves it measures, if any.
         Errors name the field as "params.<name>" or "mcu.<name>" (the method and preset by their own names)."""
         try:
@@ -50,16 +52,16 @@ class JobSpec:
                 curves = ConnectivityParams.from_dict({**connectivity, **margin})
             except EngineInputError as exc:
                 raise _scoped(exc, "mcu") from None
-        return cls(params, preset, curves)
+        return cls(params, preset, curves, check_format(format))
 
     @classmethod
-    def curve(cls, values: dict | None = None) -> JobSpec:
+    def curve(cls, values: dict | None = None, format: str = "plain") -> JobSpec:
         """A connectivity job on its own: its margin is its own to set (MASC's default otherwise)."""
-        return cls(None, None, ConnectivityParams.from_dict(values))
+        return cls(None, None, ConnectivityParams.from_dict(values), check_format(format))
 
     def stored(self) -> dict[str, Any]:
         """The specification as JSON, every parameter present."""
-        return {"method": self.method, "preset": self.preset,
+        return {"method": self.method, "preset": self.preset, "format": self.format,
                 "params": self.params.as_dict() if self.params is not None else None,
                 "connectivity": self.connectivity.as_dict() if self.connectivity is not None else None}
 
@@ -69,4 +71,4 @@ class JobSpec:
         its default; one removed since must be dropped from stored jobs by a migration (as 0005 wrote them)."""
         params = get_method(stored["method"]).stored(stored["params"]) if stored.get("params") is not None else None
         curves = trusted(ConnectivityParams, stored["connectivity"]) if stored.get("connectivity") is not None else None
-        return cls(params, stored.get("preset"), curves)
+        return cls(params, stored.get("preset"), curves, stored.get("format", "plain"))

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from worker.engine.chat import RENDERED
 from worker.engine.errors import EngineInputError
 from worker.engine.record_checks import normalise_records, read_records  # noqa: F401  (re-exported)
 
@@ -55,8 +56,11 @@ def encode_record(record: dict, tokenizer, *, max_length: int, seed: int, what: 
         prefix = _continuation_split(len(ids), seed, rid)
         context, active = ids[:prefix], ids[prefix:]
     else:
-        context = tokenizer(record["prompt"], add_special_tokens=True)["input_ids"] if record["prompt"] else []
-        active = tokenizer(record["completion"], add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+        # A chat-rendered record (worker.engine.chat) holds the template's own BOS and end of turn.
+        chat = bool(record.get(RENDERED))
+        context = tokenizer(record["prompt"], add_special_tokens=not chat)["input_ids"] if record["prompt"] else []
+        active = tokenizer(record["completion"], add_special_tokens=False)["input_ids"] + \
+            ([] if chat else [tokenizer.eos_token_id])
         if not context:
             # Nothing to condition the first completion token on: it becomes context.
             context, active = active[:1], active[1:]

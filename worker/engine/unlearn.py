@@ -24,10 +24,10 @@ from worker.engine.training.rule import OnlineRule
 from worker.engine.training.setup import ENGINE_VERSION, Prepared, build_policy, prepare
 
 
-def stop_policy(method: Method, run: Prepared, params: SharedParams, holdout: list[dict]) -> OnlineRule | FixedBudget:
+def stop_policy(method: Method, run: Prepared, params: SharedParams) -> OnlineRule | FixedBudget:
     """The method's stop policy, given the parameters it reads."""
     if method.stop == "online-rule" and isinstance(params, MascParams):
-        return OnlineRule(run, params, holdout)
+        return OnlineRule(run, params)
     if method.stop == "fixed-budget" and isinstance(params, BaselineParams):
         return FixedBudget(run, params)
     raise EngineInputError(f"{type(params).__name__} cannot drive the {method.stop} of method {method.name}",
@@ -37,13 +37,14 @@ def stop_policy(method: Method, run: Prepared, params: SharedParams, holdout: li
 def run_unlearning(model_source: str, forget: list[dict], retain: list[dict] | None = None, *,
                    params: SharedParams | None = None, holdout: list[dict] | None = None, device: str | None = None,
                    progress: Callable[[dict], None] | None = None,
-                   should_cancel: Callable[[], bool] | None = None) -> UnlearnOutcome:
+                   should_cancel: Callable[[], bool] | None = None, format: str = "plain") -> UnlearnOutcome:
+    """`format`: "plain" (prompt + completion as one string) or "chat" (the tokenizer's chat template)."""
     if params is None:
         params = get_method("masc").parse()
     method = get_method(params.method)
-    holdout = normalise_records(holdout or [], "holdout", allow_empty=True)  # refused before the model loads
-    run = prepare(model_source, forget, retain, params, device)
-    stop = stop_policy(method, run, params, holdout)
+    normalise_records(holdout or [], "holdout", allow_empty=True)  # bad records refused before the model loads
+    run = prepare(model_source, forget, retain, params, device, holdout=holdout, format=format)
+    stop = stop_policy(method, run, params)
     params = stop.params  # MASC decides its secret focus from the records
     objective_class = method.objective_class()
     policy = build_policy(run.model, params, objective_class)
@@ -69,5 +70,5 @@ def run_unlearning(model_source: str, forget: list[dict], retain: list[dict] | N
         seed=params.seed, params=params.as_dict(), versions=library_versions(),
         truncated=[{"id": r.id, "dropped_prompt_tokens": r.truncated_tokens}
                    for r in run.forget + run.retain if r.truncated_tokens],
-        timing=timing, peak_memory=run.memory.read())
+        timing=timing, peak_memory=run.memory.read(), format=format)
     return UnlearnOutcome(result=result, model=merged, tokenizer=run.tokenizer)

@@ -8,6 +8,7 @@ import time
 from dataclasses import dataclass
 
 from worker.engine.audit import EvaluationSet, evaluate, retain_utility
+from worker.engine.chat import render
 from worker.engine.connectivity.barriers import barriers, chord, suppress_first
 from worker.engine.connectivity.curve import evaluate_path
 from worker.engine.connectivity.fit import fit_control_point
@@ -29,7 +30,8 @@ class ConnectivityOutcome:
 
 def run_connectivity(start_source: str, end_source: str, forget: list[dict] | None, retain: list[dict] | None,
                      params: ConnectivityParams | None = None, *, device: str | None = None, suppress: bool = True,
-                     control_init: str | None = None, progress=None, should_cancel=None) -> ConnectivityOutcome:
+                     control_init: str | None = None, progress=None, should_cancel=None,
+                     format: str = "plain") -> ConnectivityOutcome:
     """`suppress`: also measure knowledge memorisation along the linear path (the suppress-first analysis).
     `control_init`: a version whose weights start theta_c instead of the midpoint."""
     params = params or ConnectivityParams()  # checked where it was built (from_dict, a job's specification)
@@ -42,6 +44,7 @@ def run_connectivity(start_source: str, end_source: str, forget: list[dict] | No
     end_model, end_tokenizer = load_model(end_source, dev)
     if end_tokenizer.get_vocab() != tokenizer.get_vocab():
         raise EngineInputError("the two versions have different tokenizers; a path needs one vocabulary", field="b")
+    forget, retain = render(forget, tokenizer, format, "forget"), render(retain, tokenizer, format, "retain")
     start_weights, end_weights = parameters_of(model), parameters_of(end_model)
     try:
         names = differing_names(start_weights, end_weights)

@@ -70,6 +70,7 @@ class UnlearnResult:
     truncated: list[dict]
     timing: Timing
     peak_memory: dict = field(default_factory=dict)
+    format: str = "plain"  # how records were shown to the model: as they are, or in its chat template
 
     @property
     def final_violation_rate(self) -> float | None:
@@ -85,6 +86,7 @@ class UnlearnResult:
         out: dict[str, Any] = {
             "engine_version": self.engine_version, "method": self.method, "model": self.model, "device": self.device,
             "stop_reason": self.stop_reason, "steps": self.steps, "final_violation_rate": m.final_violation_rate,
+            "format": self.format,
             **dataclasses.asdict(m.evidence),
             "v_trace": m.v_trace, "loss_trace": self.loss_trace, "validation": m.validation, "counts": m.counts,
             "truncated": self.truncated, "seed": self.seed, "params": self.params, "versions": self.versions,

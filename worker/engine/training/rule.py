@@ -61,8 +61,8 @@ class OnlineRule:
     """MASC's stop policy: the online stop rule decides when training ends and which records a step sees."""
     accumulate = 1
 
-    def __init__(self, run: Prepared, params: MascParams, holdout: list[dict]):
-        self.run, self.holdout = run, holdout  # checked records the model never saw (they calibrate alpha)
+    def __init__(self, run: Prepared, params: MascParams):
+        self.run, self.holdout = run, run.holdout  # records the model never saw (they calibrate alpha)
         forget = run.forget
         self.forget_sources, self.retain_sources = [r.source for r in forget], [r.source for r in run.retain]
         self.template = shared_template(self.forget_sources, self.retain_sources)

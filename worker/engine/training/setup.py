@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from worker.engine.chat import check_format, render
 from worker.engine.loading import Policy, context_length, load_model, resolve_device
 from worker.engine.param_base import SharedParams
 from worker.engine.records import EncodedRecord, encode_records, normalise_records
@@ -25,26 +26,32 @@ class Prepared:
     tokenizer: Any
     forget: list[EncodedRecord]
     retain: list[EncodedRecord]
+    holdout: list[dict]  # records the model never saw, as the model sees them (rendered in chat format)
     max_length: int
 
 
 def prepare(model_source: str, forget: list[dict], retain: list[dict] | None, params: SharedParams,
-            device: str | None) -> Prepared:
-    """Checked records, seeds, the device, the model, tokens."""
+            device: str | None, *, holdout: list[dict] | None = None, format: str = "plain") -> Prepared:
+    """Checked records, seeds, the device, the model, tokens; `format` "chat" renders the records with the
+    tokenizer's chat template (worker.engine.chat)."""
+    check_format(format)
     forget = normalise_records(forget, "forget")
     retain = normalise_records(retain or [], "retain", allow_empty=True)
+    holdout = normalise_records(holdout or [], "holdout", allow_empty=True)
     seed_everything(params.seed)
     dev = resolve_device(device)
     memory = PeakMemory(dev)
     started = time.perf_counter()
     model, tokenizer = load_model(model_source, dev)
     max_length = context_length(model, tokenizer, params.max_length)
+    forget, retain, holdout = (render(records, tokenizer, format, what) for records, what in
+                               ((forget, "forget"), (retain, "retain"), (holdout, "holdout")))
 
     def encode(records: list[dict], what: str) -> list[EncodedRecord]:
         return encode_records(records, tokenizer, max_length=max_length, seed=params.seed, what=what)
 
     return Prepared(dev, memory, started, model, tokenizer, encode(forget, "forget"), encode(retain, "retain"),
-                    max_length)
+                    holdout, max_length)
 
 
 def build_policy(model: Any, params: SharedParams, objective: type) -> Policy:

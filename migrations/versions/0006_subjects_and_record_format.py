@@ -1,4 +1,5 @@
-"""erasure_subjects: the data subjects a deletion request names, as hashes (issue 14)
+"""erasure_subjects: the data subjects a deletion request names, as hashes; models.format: how a model's jobs
+show records to it, plain or in its chat template (issue 14)
 
 Revision ID: 0006
 Revises: 0005
@@ -26,9 +27,13 @@ def upgrade() -> None:
     )
     op.create_index('ix_erasure_subjects_job_id', 'erasure_subjects', ['job_id'])
     op.create_index('ix_erasure_subjects_tenant_subject', 'erasure_subjects', ['tenant', 'subject_sha256'])
+    with op.batch_alter_table('models', schema=None) as batch_op:
+        batch_op.add_column(sa.Column('format', sa.String(length=16), nullable=False, server_default='plain'))
 
 
 def downgrade() -> None:
+    with op.batch_alter_table('models', schema=None) as batch_op:
+        batch_op.drop_column('format')
     op.drop_index('ix_erasure_subjects_tenant_subject', table_name='erasure_subjects')
     op.drop_index('ix_erasure_subjects_job_id', table_name='erasure_subjects')
     op.drop_table('erasure_subjects')
