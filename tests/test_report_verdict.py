@@ -50,6 +50,16 @@ def test_the_per_record_condition_is_evidence_or_a_reason_naming_the_records():
     assert not v["forgotten"] and v["reasons"] == ["1 of 3 records do not meet the per-record condition (ids: r1)"]
 
 
+def test_long_documents_are_judged_by_their_windows():
+    engine_result = masc_engine()
+    engine_result["documents"] = [{"id": "r", "windows": ["r0", "r1", "r2"], "meets_condition": True}]
+    v = verdict(engine_result, audit())
+    assert v["forgotten"] and "1 long documents were split into 3 windows, each judged as a record" in v["evidence"]
+    engine_result["per_record"][1].update(meets_condition=False, reproduced=True)
+    engine_result["erasure"]["failing_ids"] = ["r1"]
+    assert not verdict(engine_result, audit())["forgotten"]  # one window left is the document left
+
+
 def test_the_page_escapes_what_it_quotes():
     report = {"job_id": "job_<x>", "verdict": verdict(engine(), audit()),
               "stop_rule": {"v_trace": [], "loss_trace": [], "alpha": 0.2, "stop_reason": "alpha", "steps": 0,

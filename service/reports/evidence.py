@@ -38,6 +38,10 @@ def verdict(engine: dict, audit: dict) -> dict:
                            f"(ids: {', '.join(erasure['failing_ids'][:10])})")
         else:
             evidence.append(f"every record ({total}) is below its ceiling and not reproduced by greedy decoding")
+        if documents := engine.get("documents"):  # a long document counts as erased when every window is
+            windows = sum(len(d["windows"]) for d in documents)
+            evidence.append(f"{len(documents)} long documents were split into {windows} windows, each judged as a "
+                            "record")
     if "error" in audit:
         reasons.append(f"the audit failed: {audit['error']}")
     else:
@@ -112,6 +116,8 @@ def build_report(job: Job, engine: dict, audit: dict, base: ModelVersion, new: M
         "stop_rule": {"stop_reason": engine["stop_reason"], "steps": engine["steps"],
                       "alpha": target_alpha(engine), "alpha_source": engine.get("alpha"),
                       "erasure": engine.get("erasure"), "per_record": engine.get("per_record"),
+                      # long documents split into windows: per document, its windows and whether all meet the rule
+                      "documents": engine.get("documents", []), "format": engine.get("format", "plain"),
                       "final_violation_rate": engine["final_violation_rate"],
                       "v_trace": engine["v_trace"], "loss_trace": engine["loss_trace"],
                       "wall_seconds": engine["wall_seconds"], "validation": engine["validation"],

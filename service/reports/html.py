@@ -28,8 +28,11 @@ def _erasure_line(stop: dict) -> str:
     if not erasure.get("applied"):
         return "not applied (holdout mode: the mean over held-out records decides)"
     failing = erasure.get("failing_ids") or []
+    documents = stop.get("documents") or []
+    split = (f"; {len(documents)} long documents in {sum(len(d['windows']) for d in documents)} windows, "
+             f"{sum(1 for d in documents if d['meets_condition'])} with every window meeting it" if documents else "")
     return (f"{len(records) - len(failing)} of {len(records)} records below their ceiling and not reproduced"
-            + (f"; failing: {', '.join(failing[:10])}" if failing else ""))
+            + (f"; failing: {', '.join(failing[:10])}" if failing else "") + split)
 
 
 def render_report(report: dict) -> str:

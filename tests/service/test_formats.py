@@ -41,3 +41,23 @@ def test_a_chat_model_runs_its_jobs_in_its_chat_format(client, worker, chat_fixt
         "format": "markdown"})
     assert bad.status_code == 422 and bad.json()["errors"][0]["field"] == "format", bad.text
     assert count(Job) == jobs
+
+
+def test_a_long_document_is_erased_window_by_window_and_reported_per_document(client, worker, registered_model,
+                                                                             forget_records):
+    long_text = " ".join(f"Kalo wrote letter {i} to the harbour master of Riga in the spring." for i in range(30))
+    job = client.post("/v1/unlearning-jobs", headers=auth(), json={
+        "model_id": registered_model["id"], "request_id": "dsar-letters",
+        "forget": [{"id": "letters", "text": long_text}, *forget_records[:2]],
+        "params": {"lr": 1e-3, "max_steps": 4, "max_length": 64},
+        "audit": {"quantization": False, "relearn": False}}).json()
+    done = wait_for(client, job["id"], timeout=300)
+    assert done["state"] == "SUCCEEDED", done
+    report = client.get(f"/v1/unlearning-jobs/{job['id']}/report", headers=auth()).json()
+    [document] = report["stop_rule"]["documents"]
+    windows = [r["id"] for r in report["stop_rule"]["per_record"] if r["id"].startswith("letters#")]
+    assert document["id"] == "letters" and document["windows"] == windows and len(windows) >= 3
+    assert isinstance(document["meets_condition"], bool)
+    assert done["forget"]["count"] == 3  # the evidence counts the request's records: the document is one
+    page = client.get(f"/v1/unlearning-jobs/{job['id']}/report.html", headers=auth()).text
+    assert f"1 long documents in {len(windows)} windows" in page

@@ -10,6 +10,7 @@ import torch
 
 from worker.engine.audit import ATTACKS, EvaluationSet, evaluate, verbatim
 from worker.engine.chat import render
+from worker.engine.documents import split_documents
 from worker.engine.extraction import DEFAULT_SAMPLES, greedy_leaks, request_secrets, secret_sources
 from worker.engine.loading import context_length, load_model
 from worker.engine.metrics import unavailable
@@ -60,9 +61,14 @@ def run_audit(base_source: str, new_model, tokenizer, forget: list[dict], retain
     """`format` "chat": the records rendered with the tokenizer's chat template, as the unlearning saw them."""
     options = {**DEFAULT_OPTIONS, **(options or {})}
     started = time.perf_counter()
-    forget = render(normalise_records(forget, "forget"), tokenizer, format, "forget")
-    retain = render(normalise_records(retain or [], "retain", allow_empty=True), tokenizer, format, "retain")
-    holdout = render(normalise_records(holdout or [], "holdout", allow_empty=True), tokenizer, format, "holdout")
+    context = context_length(new_model, tokenizer)
+
+    def seen(records: list[dict] | None, what: str) -> list[dict]:
+        """The records as the model sees them: rendered in chat format, long documents as windows."""
+        checked = normalise_records(records or [], what, allow_empty=what != "forget")
+        return split_documents(render(checked, tokenizer, format, what), tokenizer, context, what)
+
+    forget, retain, holdout = seen(forget, "forget"), seen(retain, "retain"), seen(holdout, "holdout")
     device = device or next(new_model.parameters()).device
     sets = _sets(tokenizer, new_model, forget, retain, holdout, seed)
     secrets = request_secrets(forget, retain)

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 import torch
 
 from worker.engine.chat import RENDERED
+from worker.engine.documents import TOKENS
 from worker.engine.errors import EngineInputError
 from worker.engine.record_checks import normalise_records, read_records  # noqa: F401  (re-exported)
 
@@ -50,7 +51,8 @@ def encode_record(record: dict, tokenizer, *, max_length: int, seed: int, what: 
     """Token ids and labels of one normalised record (SPEC section 2)."""
     rid = record["id"]
     if "text" in record:
-        ids = tokenizer(record["text"], add_special_tokens=True)["input_ids"]
+        # A window of a long document (worker.engine.documents) brings its own token ids.
+        ids = record[TOKENS] if TOKENS in record else tokenizer(record["text"], add_special_tokens=True)["input_ids"]
         if len(ids) < 2:
             raise EngineInputError(f"{what} record {rid!r}: text has fewer than two tokens")
         prefix = _continuation_split(len(ids), seed, rid)

@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable
 
 from worker.engine.baseline_params import BaselineParams
+from worker.engine.documents import document_summary
 from worker.engine.errors import EngineInputError
 from worker.engine.methods import Method, get_method
 from worker.engine.param_base import SharedParams
@@ -70,5 +71,6 @@ def run_unlearning(model_source: str, forget: list[dict], retain: list[dict] | N
         seed=params.seed, params=params.as_dict(), versions=library_versions(),
         truncated=[{"id": r.id, "dropped_prompt_tokens": r.truncated_tokens}
                    for r in run.forget + run.retain if r.truncated_tokens],
-        timing=timing, peak_memory=run.memory.read(), format=format)
+        timing=timing, peak_memory=run.memory.read(), format=format,
+        documents=document_summary([r.source for r in run.forget], measured.per_record))
     return UnlearnOutcome(result=result, model=merged, tokenizer=run.tokenizer)

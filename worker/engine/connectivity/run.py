@@ -14,6 +14,7 @@ from worker.engine.connectivity.curve import evaluate_path
 from worker.engine.connectivity.fit import fit_control_point
 from worker.engine.connectivity.params import ConnectivityParams
 from worker.engine.connectivity.paths import ControlPoint, Path, differing_names, load_weights, parameters_of
+from worker.engine.documents import split_documents
 from worker.engine.errors import EngineInputError
 from worker.engine.loading import context_length, load_model, lora_modules, resolve_device
 from worker.engine.metrics import metric_value
@@ -60,6 +61,8 @@ def run_connectivity(start_source: str, end_source: str, forget: list[dict] | No
         del init_model
 
     max_length = context_length(model, tokenizer, params.max_length)
+    forget = split_documents(forget, tokenizer, max_length, "forget")
+    retain = split_documents(retain, tokenizer, max_length, "retain")
     forget_set = EvaluationSet(forget, tokenizer, max_length, params.seed, "forget") if forget else None
     sample = random.Random(params.seed).sample(retain, min(params.max_retain, len(retain))) if retain else []
     retain_enc = encode_records(sample, tokenizer, max_length=max_length, seed=params.seed, what="retain")

@@ -71,6 +71,7 @@ class UnlearnResult:
     timing: Timing
     peak_memory: dict = field(default_factory=dict)
     format: str = "plain"  # how records were shown to the model: as they are, or in its chat template
+    documents: list[dict] = field(default_factory=list)  # long documents split into windows, and their state
 
     @property
     def final_violation_rate(self) -> float | None:
@@ -95,6 +96,8 @@ class UnlearnResult:
             out["per_record"] = m.per_record
         if m.bound is not None:
             out["bound"] = m.bound
+        if self.documents:
+            out["documents"] = self.documents
         if out.get("violation_yardstick", ()) is None:
             del out["violation_yardstick"]
         return {**out, "timing": self.timing.as_dict(), "wall_seconds": self.timing.wall_seconds,

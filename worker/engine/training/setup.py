@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from worker.engine.chat import check_format, render
+from worker.engine.documents import split_documents
 from worker.engine.loading import Policy, context_length, load_model, resolve_device
 from worker.engine.param_base import SharedParams
 from worker.engine.records import EncodedRecord, encode_records, normalise_records
@@ -44,8 +45,9 @@ def prepare(model_source: str, forget: list[dict], retain: list[dict] | None, pa
     started = time.perf_counter()
     model, tokenizer = load_model(model_source, dev)
     max_length = context_length(model, tokenizer, params.max_length)
-    forget, retain, holdout = (render(records, tokenizer, format, what) for records, what in
-                               ((forget, "forget"), (retain, "retain"), (holdout, "holdout")))
+    # As the model sees them: in its chat template where asked, long documents as windows of its context.
+    forget, retain, holdout = (split_documents(render(records, tokenizer, format, what), tokenizer, max_length, what)
+                               for records, what in ((forget, "forget"), (retain, "retain"), (holdout, "holdout")))
 
     def encode(records: list[dict], what: str) -> list[EncodedRecord]:
         return encode_records(records, tokenizer, max_length=max_length, seed=params.seed, what=what)
