@@ -67,7 +67,8 @@ def _execute(work: Work, keeper: LeaseKeeper, settings: Settings) -> str:
             source = store.local_path(work.base) or store.fetch_directory(work.base, Path(tmp) / "base")
 
             def progress(p):
-                keeper.latest_progress = {k: p[k] for k in ("step", "max_steps", "violation_rate", "losses")}
+                keeper.latest_progress = {k: p.get(k) for k in ("step", "max_steps", "violation_rate", "alpha",
+                                                                 "losses")}
 
             outcome = run_unlearning(str(source), work.forget, work.retain, holdout=work.holdout,
                                      params=work.spec.params, device=settings.device, progress=progress,

@@ -183,6 +183,7 @@ class Progress(BaseModel):
     step: int | None = None
     max_steps: int | None = None
     violation_rate: float | None = None
+    alpha: float | None = None  # the V the stop rule stops at (None for a fixed budget)
     losses: dict[str, float] | None = None
     heartbeat_at: datetime | None = None
 

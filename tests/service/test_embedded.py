@@ -95,13 +95,25 @@ def test_embedded_mode_serves_a_request_end_to_end(tmp_path):
         key = (tmp_path / ".lethe" / "admin_key").read_text().strip()
         assert f"Admin key: {key}" in service.text() and "curl" in service.text()
         [demo] = service.client.get("/v1/models").json()["items"]
-        forget = json.loads((tmp_path / ".lethe" / "demo" / "forget.json").read_text())
-        job = service.client.post("/v1/unlearning-jobs", json={"model_id": demo["id"], "request_id": "embedded-1",
-                                                               "forget": forget, "params": {"lr": 1e-3}}).json()
-        job = service.wait(job["id"])
-        assert job["state"] == "SUCCEEDED", (job, service.text()[-3000:])
+        # Issue 14's one command, on a fresh `make run`, as a user types it in its folder (the key found in
+        # .lethe/admin_key): from a file to a verified checkpoint and a report, with progress.
+        env = {k: v for k, v in os.environ.items() if not k.startswith("LETHE_")}
+        done = subprocess.run([sys.executable, "-m", "lethe.cli", "erase", "--model", "demo", "--forget",
+                               ".lethe/demo/forget.json", "--request-id", "embedded-1", "--param", "lr=1e-3",
+                               "--wait", "--download", "out", "--report", "report.html"],
+                              cwd=tmp_path, capture_output=True, text=True, timeout=600,
+                              env={**env, "PYTHONPATH": str(ROOT), "LETHE_URL": service.base,
+                                   "LETHE_CONFIG": str(tmp_path / "none.json")})
+        assert done.returncode == 0, (done.stdout, done.stderr, service.text()[-3000:])
+        assert "step" in done.stderr and "sha256 verified" in done.stdout
+        [job] = service.client.get("/v1/unlearning-jobs").json()["items"]
+        assert job["state"] == "SUCCEEDED" and job["request_id"] == "embedded-1"
         version = service.client.get(f"/v1/models/{demo['id']}/versions/{job['result']['model_version']}").json()
         assert version["erased_request_ids"] == ["embedded-1"] and version["parent"] == 1
+        files = service.client.get(f"/v1/models/{demo['id']}/versions/{version['number']}/files").json()["files"]
+        assert sorted(f["path"] for f in files) == sorted(str(p.relative_to(tmp_path / "out"))
+                                                          for p in (tmp_path / "out").rglob("*") if p.is_file())
+        assert 'id="verdict"' in (tmp_path / "report.html").read_text()
         assert (tmp_path / ".lethe" / "lethe.db").exists()  # SQLite, not the test PostgreSQL
         assert service.client.get("/readyz").json()["checks"]["worker"] == "ok"
     finally:

@@ -2,6 +2,8 @@
 refuse a bad request with the very rules the engine applies."""
 from __future__ import annotations
 
+import csv
+import io
 import json
 from pathlib import Path
 
@@ -12,12 +14,17 @@ TOFU_FIELDS = {"question": "prompt", "answer": "completion", "paraphrased_questi
                "paraphrased_answer": "paraphrased_completion", "perturbed_answers": "perturbed_completions"}
 
 
+LIST_FIELDS = ("perturbed_completions", "perturbed_answers", "secrets")  # a CSV cell holds them as a JSON list
+
+
 def read_records(path: str | Path) -> list[dict]:
-    """A JSON list or JSON Lines file of records."""
+    """A JSON list, JSON Lines, or CSV (by the name's ending: a header row naming the fields) file of records."""
     path = Path(path)
     if not path.is_file():
         raise EngineInputError(f"{path}: no such file")
     text = path.read_text(encoding="utf-8")
+    if path.suffix.lower() == ".csv":
+        return _csv_records(path, text)
     stripped = text.lstrip()
     try:
         if stripped.startswith("["):
@@ -32,6 +39,24 @@ def read_records(path: str | Path) -> list[dict]:
                         raise EngineInputError(f"{path}: line {number} is not JSON ({exc.msg})") from None
     except json.JSONDecodeError as exc:
         raise EngineInputError(f"{path}: not JSON ({exc.msg})") from None
+    return records
+
+
+def _csv_records(path: Path, text: str) -> list[dict]:
+    """Rows of a CSV file as records: empty cells left out, list fields parsed from JSON."""
+    records = []
+    for number, row in enumerate(csv.DictReader(io.StringIO(text)), start=2):
+        record: dict = {}
+        for key, value in row.items():
+            if key is None or value is None or value == "":
+                continue  # a row longer than the header, or an empty cell
+            if key in LIST_FIELDS:
+                try:
+                    value = json.loads(value)
+                except json.JSONDecodeError:
+                    raise EngineInputError(f"{path}: line {number}, column {key}: expected a JSON list") from None
+            record[key.strip()] = value
+        records.append(record)
     return records
 
 

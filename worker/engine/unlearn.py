@@ -60,7 +60,8 @@ def run_unlearning(model_source: str, forget: list[dict], retain: list[dict] | N
         last = trained.loss_trace[-1] if trained.loss_trace else {}
         progress({"step": trained.steps, "max_steps": stop.max_steps,
                   "losses": {k: v for k, v in last.items() if k not in ("step", "forget_rows")},
-                  "violation_rate": measured.final_violation_rate, "elapsed": time.perf_counter() - run.started})
+                  "violation_rate": measured.final_violation_rate, "alpha": stop.alpha,
+                  "elapsed": time.perf_counter() - run.started})
     merged = policy.merged() if trained.stop_reason != "cancelled" else None
     timing = Timing(wall_seconds=time.perf_counter() - run.started, load_seconds=trained.loop_started - run.started,
                     loop_seconds=trained.loop_seconds, stop_check_seconds=stop.stop_check_seconds,

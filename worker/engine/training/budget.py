@@ -32,6 +32,7 @@ def linear_schedule(warmup_steps: int, total_steps: int) -> Callable[[int], floa
 class FixedBudget:
     """The stop policy of the baselines: a fixed number of optimiser steps, then V measured once."""
     latest_v: float | None = None  # nothing is measured while the budget runs
+    alpha: float | None = None  # nor is there a V to reach
     calibration_seconds: float | None = None  # nor calibrated before it
     stop_check_seconds = 0.0
 

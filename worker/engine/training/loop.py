@@ -29,6 +29,10 @@ class StopPolicy(Protocol):
     def latest_v(self) -> float | None:
         """The last V the policy measured, for progress."""
 
+    @property
+    def alpha(self) -> float | None:
+        """The V the policy stops at (None: it stops on a budget), for progress."""
+
     def stop_before(self, step: int) -> str | None:
         """The stop reason before optimiser step `step` (0-based), or None to take it."""
 
@@ -88,5 +92,5 @@ def train(objective: Any, stop: StopPolicy, parameters: list[torch.nn.Parameter]
         loss_trace.append({"step": step, **parts, **stop.trace_extra()})
         if progress is not None:
             progress({"step": step, "max_steps": stop.max_steps, "losses": parts, "violation_rate": stop.latest_v,
-                      "elapsed": time.perf_counter() - started})
+                      "alpha": stop.alpha, "elapsed": time.perf_counter() - started})
     return Trained(step, stop_reason, loss_trace, loop_started, time.perf_counter() - loop_started)

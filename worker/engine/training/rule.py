@@ -127,6 +127,10 @@ class OnlineRule:
     def latest_v(self) -> float | None:
         return self.rule.latest_v
 
+    @property
+    def alpha(self) -> float:
+        return self.rule.alpha
+
     def is_open(self, rid: str) -> bool:
         """Still to be trained: the record fails its own condition, or it counts in the rule's mean, the
         mean fails, and it lies above it (a record with located secrets is decided by them alone: once
