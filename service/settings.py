@@ -43,6 +43,14 @@ class Settings(BaseSettings):
     visibility_timeout: int = 12 * 3600  # above the longest job (Redis redelivers unacked messages after it)
     device: str = "auto"
     queue: str = "gpu"
+    # Webhooks (service.domain.webhooks): targets on loopback, link-local or private networks are refused unless
+    # the operator allows them; a delivery is retried with exponential backoff, then dead-lettered.
+    webhook_allow_private: bool = False
+    webhook_max_attempts: int = 10
+    webhook_backoff_seconds: float = 5.0  # the first retry's delay; each next one doubles, up to an hour
+    webhook_timeout_seconds: float = 10.0
+    webhook_poll_seconds: float = 1.0  # how often a worker's dispatcher looks for deliveries due
+    webhook_rotation_grace_seconds: float = 24 * 3600.0  # an old secret still signs this long after a rotation
 
 
 @lru_cache

@@ -13,6 +13,9 @@ def preload_engine(**_):
     so that the first job does not pay for the imports."""
     import worker.engine.unlearn  # noqa: F401
     import worker.runner  # noqa: F401
+    from worker.webhooks import start_dispatcher
+
+    start_dispatcher()  # the worker side delivers the webhooks (issue 14)
 
 
 @app.task(name=RUN_JOB, acks_late=True, reject_on_worker_lost=True)

@@ -9,7 +9,7 @@ from urllib.parse import unquote_to_bytes
 from fastapi import FastAPI
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from service.api import audit, connectivity, jobs, keys, models, ops, problems, subjects
+from service.api import audit, connectivity, jobs, keys, models, ops, problems, subjects, webhooks
 from service.api.auth import ensure_admin_key
 from service.api.problems import problem_response
 from service.domain.errors import Problem
@@ -125,6 +125,7 @@ def create_app() -> FastAPI:
     app.include_router(audit.router)
     app.include_router(keys.router)
     app.include_router(subjects.router)
+    app.include_router(webhooks.router)
 
     app.add_middleware(BodyLimit, limit=get_settings().max_body_bytes)
     app.add_middleware(PlainPath)

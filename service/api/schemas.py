@@ -7,6 +7,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from service.domain.webhooks import EVENTS
 from worker.engine.chat import FORMATS
 from worker.engine.connectivity.params import ConnectivityParams
 from worker.engine.methods import METHODS, all_presets
@@ -240,6 +241,39 @@ class SubjectOut(BaseModel):
     subject: str
     requests: list[SubjectRequest]
     models: list[SubjectModel]
+
+
+class WebhookCreate(Strict):
+    url: str = Field(min_length=1, max_length=2048, pattern=r"^[^\x00-\x20\x7f]+$",
+                     description="where deliveries are POSTed: http(s), a public address unless the operator allows "
+                                 "private ones")
+    events: list[str] = Field(default_factory=lambda: ["*"], min_length=1, max_length=50, json_schema_extra={
+        "items": {"enum": ["*", "job.*", *EVENTS]}}, description="event types, a prefix such as job.*, or *")
+    description: str = Field(default="", max_length=1000, pattern=PROSE)
+
+
+class WebhookOut(BaseModel):
+    id: str
+    url: str
+    events: list[str]
+    description: str
+    created_at: datetime
+    disabled_at: datetime | None
+    previous_secret_valid_until: datetime | None
+    secret: str | None = None  # in the answers that create or rotate it only
+
+
+class DeliveryOut(BaseModel):
+    id: str  # the webhook-id header: each delivery once, also when redelivered
+    endpoint_id: str
+    event: str
+    state: str  # PENDING, DELIVERED, DEAD (the dead letter)
+    attempts: int
+    next_attempt_at: datetime | None
+    created_at: datetime
+    delivered_at: datetime | None
+    log: list[dict]
+    payload: dict
 
 
 class Page(BaseModel):

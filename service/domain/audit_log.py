@@ -22,6 +22,7 @@ from pathlib import Path
 from sqlalchemy import select, text
 from sqlalchemy.orm import Session
 
+from service.domain import webhooks
 from service.infra.tables import AuditEntry, utcnow
 
 GENESIS = "0" * 64
@@ -49,6 +50,7 @@ def append(session: Session, tenant: str, kind: str, subject: str, data: dict | 
     entry.hash = entry_hash(prev, _stamp(entry), tenant, kind, subject, data)
     session.add(entry)
     session.flush()
+    webhooks.enqueue(session, entry)  # the event's deliveries, in the transaction of the change itself
     return entry
 
 

@@ -151,6 +151,43 @@ class ErasureSubject(Base):
     __table_args__ = (Index("ix_erasure_subjects_tenant_subject", "tenant", "subject_sha256"),)
 
 
+class WebhookEndpoint(Base):
+    """Where a tenant wants its events POSTed, signed in the Standard Webhooks format (issue 14). The secret signs;
+    after a rotation the previous one signs too until `previous_until`, so receivers can switch without a gap."""
+    __tablename__ = "webhook_endpoints"
+    id: Mapped[str] = mapped_column(String(40), primary_key=True, default=lambda: new_id("whk"))
+    tenant: Mapped[str] = mapped_column(String(128), index=True)
+    url: Mapped[str] = mapped_column(Text)
+    events: Mapped[list] = mapped_column(JSON)  # event types, "job.*" prefixes or "*"
+    description: Mapped[str] = mapped_column(Text, default="")
+    secret: Mapped[str] = mapped_column(String(128))
+    previous_secret: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    previous_until: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    disabled_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+
+
+class WebhookDelivery(Base):
+    """One event for one endpoint: the outbox row, written in the transaction of the change it reports, and its
+    delivery log. Its id is the webhook-id receivers deduplicate on; a redelivery keeps it."""
+    __tablename__ = "webhook_deliveries"
+    id: Mapped[str] = mapped_column(String(40), primary_key=True, default=lambda: new_id("msg"))
+    tenant: Mapped[str] = mapped_column(String(128))
+    endpoint_id: Mapped[str] = mapped_column(ForeignKey("webhook_endpoints.id"), index=True)
+    event: Mapped[str] = mapped_column(String(64))
+    payload: Mapped[dict] = mapped_column(JSON)
+    state: Mapped[str] = mapped_column(String(16), default="PENDING")  # PENDING, DELIVERED, DEAD
+    attempts: Mapped[int] = mapped_column(Integer, default=0)  # since it was last (re)queued
+    next_attempt_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    # A dispatcher's claim while it POSTs: its token, and when the claim lapses (a dead dispatcher's row is retried).
+    claimed_by: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    claimed_until: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    log: Mapped[list] = mapped_column(JSON, default=list)  # every attempt: when, status or error, milliseconds
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    delivered_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    __table_args__ = (Index("ix_webhook_deliveries_due", "state", "next_attempt_at"),)
+
+
 class IdempotencyRecord(Base):
     __tablename__ = "idempotency_records"
     tenant: Mapped[str] = mapped_column(String(128), primary_key=True)

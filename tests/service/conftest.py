@@ -73,6 +73,12 @@ def service_env(tmp_path_factory):
         "LETHE_SWEEP_SECONDS": "1",
         "LETHE_MAX_BODY_BYTES": str(2 * 2**20),
         "LETHE_DEVICE": "cpu",
+        # Webhooks to the tests' receiver on 127.0.0.1, retried within seconds (0.2, 0.4, ... 3.2 s: 6 attempts).
+        "LETHE_WEBHOOK_ALLOW_PRIVATE": "true",
+        "LETHE_WEBHOOK_BACKOFF_SECONDS": "0.2",
+        "LETHE_WEBHOOK_MAX_ATTEMPTS": "6",
+        "LETHE_WEBHOOK_POLL_SECONDS": "0.2",
+        "LETHE_WEBHOOK_TIMEOUT_SECONDS": "3",
     }
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)

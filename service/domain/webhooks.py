@@ -1,0 +1,163 @@
+"""Signed webhooks (issue 14): a tenant's endpoints receive every job state change, new version and report as a
+POST in the Standard Webhooks format (webhook-id, webhook-timestamp, webhook-signature = "v1," + base64 of
+HMAC-SHA256 over "id.timestamp.body" with the endpoint's secret).
+
+The outbox: each audit-log entry of an event kind becomes one delivery row per subscribed endpoint, in the same
+transaction as the change it reports (audit_log.append calls `enqueue`), so no event is lost and none is sent for
+a change that rolled back. Workers deliver them (worker.webhooks): at least once, with exponential backoff, then
+DEAD (the dead letter) after the last attempt; a delivery keeps its id (the receivers' deduplication key) when
+redelivered. Targets on loopback, link-local or private networks are refused unless the operator allows them."""
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import ipaddress
+import secrets
+import socket
+from datetime import datetime, timedelta
+from urllib.parse import urlsplit
+
+from sqlalchemy import or_, select, update
+from sqlalchemy.orm import Session
+
+from service.domain.errors import invalid
+from service.infra.tables import AuditEntry, WebhookDelivery, WebhookEndpoint, utcnow
+
+EVENTS = ("job.queued", "job.running", "job.cancelling", "job.succeeded", "job.failed", "job.cancelled",
+          "version.created", "report.created", "connectivity.measured")
+MAX_BACKOFF = 3600.0
+LOG_KEPT = 50  # attempts a delivery's log keeps (the latest)
+
+
+def new_secret() -> str:
+    return "whsec_" + base64.b64encode(secrets.token_bytes(24)).decode()
+
+
+def sign(secret: str, msg_id: str, timestamp: int, body: bytes) -> str:
+    """One Standard Webhooks signature: "v1," + base64(HMAC-SHA256(key, f"{id}.{timestamp}.{body}"))."""
+    key = base64.b64decode(secret.removeprefix("whsec_"))
+    digest = hmac.new(key, f"{msg_id}.{timestamp}.".encode() + body, hashlib.sha256).digest()
+    return "v1," + base64.b64encode(digest).decode()
+
+
+def signature_header(endpoint: WebhookEndpoint, msg_id: str, timestamp: int, body: bytes, now: datetime) -> str:
+    """The current secret's signature, and the previous secret's while a rotation's grace lasts (space-separated,
+    as the format allows, so that a receiver holding either secret verifies)."""
+    keys = [endpoint.secret]
+    if endpoint.previous_secret and endpoint.previous_until and endpoint.previous_until > now:
+        keys.append(endpoint.previous_secret)
+    return " ".join(sign(k, msg_id, timestamp, body) for k in keys)
+
+
+def check_events(events: list[str]) -> list[str]:
+    for event in events:
+        if event != "*" and event not in EVENTS and not (event.endswith(".*") and
+                                                         any(e.startswith(event[:-1]) for e in EVENTS)):
+            raise invalid(f"events: {event!r} is not one of {', '.join(EVENTS)}, a prefix like \"job.*\", or \"*\"",
+                          "events")
+    return list(dict.fromkeys(events))
+
+
+def subscribed(events: list[str], event: str) -> bool:
+    return any(e == "*" or e == event or (e.endswith(".*") and event.startswith(e[:-1])) for e in events)
+
+
+def target_problem(url: str, allow_private: bool) -> str | None:
+    """Why a URL may not receive deliveries, or None: http(s) with a host and no credentials, and unless the
+    operator allows private targets, every address the host resolves to globally routable (no loopback,
+    link-local, private, shared, multicast or reserved range: a tenant must not reach the service's own network)."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return "must be an http:// or https:// URL with a host"
+    if parts.username or parts.password:
+        return "must not carry credentials (the signature authenticates the sender)"
+    if allow_private:
+        return None
+    try:
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+        addresses = {info[4][0] for info in socket.getaddrinfo(parts.hostname, port, type=socket.SOCK_STREAM)}
+    except (OSError, ValueError) as exc:
+        return f"its host does not resolve ({exc})"
+    for address in addresses:
+        ip = ipaddress.ip_address(str(address).split("%")[0])
+        mapped = getattr(ip, "ipv4_mapped", None)
+        if not (mapped or ip).is_global:
+            return f"resolves to {address}, which is not a public address (loopback, link-local or private)"
+    return None
+
+
+def check_url(url: str, allow_private: bool) -> str:
+    if problem := target_problem(url, allow_private):
+        raise invalid(f"url {url!r}: {problem}", "url")
+    return url
+
+
+def enqueue(session: Session, entry: AuditEntry) -> None:
+    """One delivery per active endpoint of the entry's tenant that subscribes to its kind (called by append)."""
+    if entry.kind not in EVENTS:
+        return
+    endpoints = session.scalars(select(WebhookEndpoint).where(WebhookEndpoint.tenant == entry.tenant,
+                                                              WebhookEndpoint.disabled_at.is_(None))).all()
+    payload = {"type": entry.kind, "timestamp": entry.at.isoformat(),
+               "data": {"id": entry.subject, **entry.data, "audit_seq": entry.seq}}
+    for endpoint in endpoints:
+        if subscribed(endpoint.events, entry.kind):
+            session.add(WebhookDelivery(tenant=entry.tenant, endpoint_id=endpoint.id, event=entry.kind,
+                                        payload=payload, state="PENDING", attempts=0, next_attempt_at=entry.at,
+                                        log=[]))
+
+
+def due(session: Session, now: datetime, limit: int = 20) -> list[str]:
+    """Deliveries whose next attempt is due and that no live claim holds, oldest first."""
+    return list(session.scalars(select(WebhookDelivery.id).where(
+        WebhookDelivery.state == "PENDING", WebhookDelivery.next_attempt_at <= now,
+        or_(WebhookDelivery.claimed_until.is_(None), WebhookDelivery.claimed_until < now))
+        .order_by(WebhookDelivery.created_at).limit(limit)))
+
+
+def claim(session: Session, delivery_id: str, token: str, now: datetime, seconds: float) -> bool:
+    """Compare-and-set: this dispatcher takes the delivery for `seconds`, unless another holds it."""
+    taken = session.execute(update(WebhookDelivery).where(
+        WebhookDelivery.id == delivery_id, WebhookDelivery.state == "PENDING",
+        or_(WebhookDelivery.claimed_until.is_(None), WebhookDelivery.claimed_until < now))
+        .values(claimed_by=token, claimed_until=now + timedelta(seconds=seconds))
+        .execution_options(synchronize_session=False))
+    return bool(getattr(taken, "rowcount", 0))
+
+
+def record_attempt(session: Session, delivery_id: str, token: str, *, status: int | None, error: str | None,
+                   milliseconds: float, max_attempts: int, backoff: float) -> str | None:
+    """The outcome of one POST by the claim's holder: DELIVERED on a 2xx; else the next attempt after
+    backoff * 2^(attempts - 1) seconds (at most an hour), or DEAD after max_attempts. None when the claim was
+    lost (the delivery was redelivered or taken over meanwhile): nothing is written."""
+    delivery = session.get(WebhookDelivery, delivery_id, with_for_update=True)
+    if delivery is None or delivery.claimed_by != token or delivery.state != "PENDING":
+        return None
+    now = utcnow()
+    delivery.attempts += 1
+    entry = {"at": now.isoformat(), "attempt": delivery.attempts, "status": status, "error": error,
+             "ms": round(milliseconds, 1)}
+    delivery.log = [*delivery.log, entry][-LOG_KEPT:]
+    delivery.claimed_by, delivery.claimed_until = None, None
+    if status is not None and 200 <= status < 300:
+        delivery.state, delivery.delivered_at = "DELIVERED", now
+    elif delivery.attempts >= max_attempts:
+        delivery.state = "DEAD"
+    else:
+        delay = min(MAX_BACKOFF, backoff * 2 ** (delivery.attempts - 1))
+        delivery.next_attempt_at = now + timedelta(seconds=delay)
+    return delivery.state
+
+
+def redeliver(delivery: WebhookDelivery) -> None:
+    """Queue a delivery again now (a DEAD one too), with a fresh budget of attempts and the same webhook-id."""
+    delivery.state, delivery.attempts, delivery.next_attempt_at = "PENDING", 0, utcnow()
+    delivery.claimed_by, delivery.claimed_until = None, None
+
+
+def rotate(endpoint: WebhookEndpoint, grace_seconds: float) -> str:
+    """A new secret; the old one keeps signing for `grace_seconds`, so receivers can switch without a gap."""
+    endpoint.previous_secret, endpoint.previous_until = endpoint.secret, utcnow() + timedelta(seconds=grace_seconds)
+    endpoint.secret = new_secret()
+    return endpoint.secret

@@ -1,0 +1,78 @@
+"""Webhook signatures, subscriptions and target checks (issue 14), without a service: our signer against the
+Standard Webhooks reference verifier, rotation's two signatures, and the addresses a delivery may not reach."""
+import time
+from datetime import timedelta
+from types import SimpleNamespace
+
+import pytest
+
+from lethe.webhooks import Receiver, Rejected
+from service.domain import webhooks
+from service.infra.tables import utcnow
+
+
+def delivery(secret, body=b'{"type":"job.succeeded"}', msg_id="msg_1", timestamp=None, previous=None):
+    now = utcnow()
+    endpoint = SimpleNamespace(secret=secret, previous_secret=previous,
+                               previous_until=now + timedelta(hours=1) if previous else None)
+    ts = int(time.time()) if timestamp is None else timestamp
+    return body, {"webhook-id": msg_id, "webhook-timestamp": str(ts),
+                  "webhook-signature": webhooks.signature_header(endpoint, msg_id, ts, body, now)}
+
+
+def test_our_signature_is_what_the_reference_verifier_accepts():
+    secret = webhooks.new_secret()
+    assert secret.startswith("whsec_")
+    body, headers = delivery(secret)
+    assert Receiver([secret]).verify(body, headers) == {"type": "job.succeeded"}
+
+
+def test_a_forged_tampered_stale_or_replayed_delivery_is_rejected():
+    secret, other = webhooks.new_secret(), webhooks.new_secret()
+    body, headers = delivery(secret)
+    receiver = Receiver([secret])
+    with pytest.raises(Rejected, match="signature"):
+        receiver.verify(body + b" ", headers)  # the body changed on the way
+    with pytest.raises(Rejected, match="signature"):
+        Receiver([other]).verify(body, headers)  # signed with a secret that is not the endpoint's
+    with pytest.raises(Rejected, match="too old"):
+        receiver.verify(*delivery(secret, timestamp=int(time.time()) - 600))  # an old delivery, replayed later
+    receiver.verify(body, headers)
+    with pytest.raises(Rejected, match="already processed"):
+        receiver.verify(body, headers)  # the same delivery twice
+
+
+def test_during_a_rotation_both_secrets_verify():
+    old, new = webhooks.new_secret(), webhooks.new_secret()
+    body, headers = delivery(new, previous=old)
+    assert len(headers["webhook-signature"].split(" ")) == 2
+    assert Receiver([old]).verify(body, headers) and Receiver([new]).verify(body, headers)
+    expired = SimpleNamespace(secret=new, previous_secret=old, previous_until=utcnow() - timedelta(seconds=1))
+    assert len(webhooks.signature_header(expired, "m", 1, body, utcnow()).split(" ")) == 1
+
+
+def test_subscriptions():
+    assert webhooks.subscribed(["*"], "job.failed") and webhooks.subscribed(["job.*"], "job.queued")
+    assert webhooks.subscribed(["report.created"], "report.created")
+    assert not webhooks.subscribed(["job.*"], "version.created") and not webhooks.subscribed(["job.failed"], "job.f")
+    assert webhooks.check_events(["job.*", "report.created", "job.*"]) == ["job.*", "report.created"]
+    with pytest.raises(Exception, match="events"):
+        webhooks.check_events(["job.exploded"])
+
+
+@pytest.mark.parametrize("url,words", [
+    ("http://127.0.0.1:8080/hook", "not a public address"), ("http://localhost/hook", "not a public address"),
+    ("http://10.0.0.5/hook", "not a public address"), ("http://192.168.1.1/", "not a public address"),
+    ("http://169.254.169.254/latest/meta-data", "not a public address"), ("http://[::1]/hook", "not a public"),
+    ("http://[::ffff:127.0.0.1]/hook", "not a public"), ("http://100.64.0.1/", "not a public address"),
+    ("http://0.0.0.0/", "not a public address"), ("ftp://example.com/", "http"), ("hook", "http"),
+    ("https://user:pw@93.184.216.34/", "credentials"),
+])
+def test_targets_a_tenant_may_not_reach(url, words):
+    assert words in webhooks.target_problem(url, allow_private=False)
+
+
+def test_public_targets_pass_and_the_operator_may_allow_private_ones():
+    assert webhooks.target_problem("https://93.184.216.34/hook", allow_private=False) is None
+    assert webhooks.target_problem("http://127.0.0.1:9/hook", allow_private=True) is None
+    assert "credentials" in webhooks.target_problem("http://u:p@127.0.0.1/", allow_private=True)
