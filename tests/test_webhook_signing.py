@@ -66,7 +66,8 @@ def test_subscriptions():
     ("http://169.254.169.254/latest/meta-data", "not a public address"), ("http://[::1]/hook", "not a public"),
     ("http://[::ffff:127.0.0.1]/hook", "not a public"), ("http://100.64.0.1/", "not a public address"),
     ("http://0.0.0.0/", "not a public address"), ("ftp://example.com/", "http"), ("hook", "http"),
-    ("https://user:pw@93.184.216.34/", "credentials"),
+    ("https://user:pw@93.184.216.34/", "credentials"), ("http://[::1", "not a URL"),
+    ("http://x:99999/", "not a URL"), ("http://" + "a" * 300 + ".com/", "does not resolve"),
 ])
 def test_targets_a_tenant_may_not_reach(url, words):
     assert words in webhooks.target_problem(url, allow_private=False)
@@ -76,3 +77,4 @@ def test_public_targets_pass_and_the_operator_may_allow_private_ones():
     assert webhooks.target_problem("https://93.184.216.34/hook", allow_private=False) is None
     assert webhooks.target_problem("http://127.0.0.1:9/hook", allow_private=True) is None
     assert "credentials" in webhooks.target_problem("http://u:p@127.0.0.1/", allow_private=True)
+    assert "not a URL" in webhooks.target_problem("http://127.0.0.1:99999/", allow_private=True)

@@ -43,7 +43,7 @@ def deliver_once(settings: Settings, delivery_id: str, token: str, http: httpx.C
             status = http.post(url, content=body, headers=headers).status_code
             if not 200 <= status < 300:
                 error = f"answered {status}"
-        except httpx.HTTPError as exc:
+        except (httpx.HTTPError, httpx.InvalidURL, ValueError) as exc:  # every outcome is an attempt in the log
             error = f"{type(exc).__name__}: {exc}"[:500]
     with session_scope() as session:
         return webhooks.record_attempt(session, delivery_id, token, status=status, error=error,

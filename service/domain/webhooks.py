@@ -67,16 +67,19 @@ def target_problem(url: str, allow_private: bool) -> str | None:
     """Why a URL may not receive deliveries, or None: http(s) with a host and no credentials, and unless the
     operator allows private targets, every address the host resolves to globally routable (no loopback,
     link-local, private, shared, multicast or reserved range: a tenant must not reach the service's own network)."""
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
+    try:
+        parts = urlsplit(url)
+        host, port = parts.hostname, parts.port or (443 if parts.scheme == "https" else 80)
+    except ValueError as exc:  # an unclosed IPv6 bracket, a port out of range
+        return f"is not a URL ({exc})"
+    if parts.scheme not in ("http", "https") or not host:
         return "must be an http:// or https:// URL with a host"
     if parts.username or parts.password:
         return "must not carry credentials (the signature authenticates the sender)"
     if allow_private:
         return None
     try:
-        port = parts.port or (443 if parts.scheme == "https" else 80)
-        addresses = {info[4][0] for info in socket.getaddrinfo(parts.hostname, port, type=socket.SOCK_STREAM)}
+        addresses = {info[4][0] for info in socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)}
     except (OSError, ValueError) as exc:
         return f"its host does not resolve ({exc})"
     for address in addresses:
