@@ -134,7 +134,9 @@ class Watcher:
         v = "-" if p.violation_rate is None else f"{p.violation_rate:.3f}"
         alpha = "-" if p.alpha is None else f"{p.alpha:.3f}"
         if self.bar is not None:
-            self.bar.update(self.task, completed=p.step or 0, total=p.max_steps, state=job.state, v=v, alpha=alpha)
+            # max_steps is MASC's safety cap: a run the rule stopped early fills the bar at its last step.
+            total = (p.step or 0) if job.ended and job.state == "SUCCEEDED" else p.max_steps
+            self.bar.update(self.task, completed=p.step or 0, total=total, state=job.state, v=v, alpha=alpha)
             return
         now = time.monotonic()
         if (job.state, p.step) != self.last[:2] and (now - self.last[2] >= 1 or job.ended or job.state != self.last[0]):
