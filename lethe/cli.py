@@ -86,13 +86,22 @@ def records(path: Path | None) -> list[dict] | None:
         return None
     try:
         return read_records(path)
-    except EngineInputError as exc:
+    except (EngineInputError, OSError) as exc:
         raise fail(str(exc), REFUSED) from None
+
+
+def read_json(path: Path | None, what: str) -> Any:
+    if path is None:
+        return None
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise fail(f"{what} {path}: {exc}", REFUSED) from None
 
 
 def parse_params(pairs: list[str], params_file: Path | None) -> dict | None:
     """key=value pairs (values read as JSON where they parse: numbers, true, "auto", lists) over a JSON file."""
-    params: dict = json.loads(params_file.read_text()) if params_file else {}
+    params: dict = read_json(params_file, "--params-file") or {}
     for pair in pairs:
         if "=" not in pair:
             raise fail(f"--param {pair!r}: expected key=value", REFUSED)
@@ -194,9 +203,10 @@ def erase(model: Annotated[str, typer.Option(help="the model's id or name")],
     verified checkpoint and the evidence."""
     client = connect()
     forget_records = records(forget) or []
-    rid = request_id or "lethe-" + hashlib.sha256(forget.read_bytes()).hexdigest()[:16]
     with answered():
         target = client.model(model)
+        # By default the request is this file for this model: sent twice, it is one job.
+        rid = request_id or "lethe-" + hashlib.sha256(target.id.encode() + forget.read_bytes()).hexdigest()[:16]
         job = client.submit(target.id, forget_records, request_id=rid, retain=records(retain),
                             holdout=records(holdout), method=method, preset=preset,
                             params=parse_params(param, params_file), subjects=subject or None, format=format,
@@ -313,7 +323,7 @@ def audit_verify(checkpoints: Annotated[Path | None, typer.Option(help="a JSON l
     """Check the audit log's hash chain, and that no checkpoint you kept was cut back or rewritten (exit 4 if
     one was)."""
     with answered():
-        kept = json.loads(checkpoints.read_text()) if checkpoints else None
+        kept = read_json(checkpoints, "--checkpoints")
         result = connect().verify_audit_log(kept)
     out(result, as_json, ("chain intact" if result["ok"] else f"BROKEN at entry {result['broken_at']}: "
                           f"{result['reason']}") + f" ({result['entries']} of your entries)")

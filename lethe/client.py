@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote, urlsplit
 
 import httpx
 
@@ -24,6 +25,8 @@ from lethe.types import Job, ManifestFile, Model, Version
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 CHUNK = 1 << 20
+# The event stream sends a keep-alive every 15 s: a connection silent for longer is dead.
+STREAM_TIMEOUT = httpx.Timeout(10.0, read=45.0)
 
 
 class LetheError(Exception):
@@ -52,11 +55,12 @@ def settings() -> tuple[str, str | None]:
         try:
             stored = json.loads(config_file().read_text())
         except ValueError:
-            raise LetheError(0, "Bad config file", f"{config_file()} is not JSON") from None
+            raise LetheError(400, "Bad config file", f"{config_file()} is not JSON") from None
     url = os.environ.get("LETHE_URL") or stored.get("url") or DEFAULT_URL
     key = os.environ.get("LETHE_API_KEY") or stored.get("api_key")
     embedded = Path(".lethe/admin_key")
-    if key is None and embedded.is_file():
+    local = urlsplit(url).hostname in ("127.0.0.1", "localhost", "::1")
+    if key is None and local and embedded.is_file():  # the local `make run`'s key goes to a local server only
         key = embedded.read_text().strip()
     return url.rstrip("/"), key
 
@@ -166,7 +170,7 @@ class Client:
     def events(self, job_id: str) -> Iterator[tuple[str, dict]]:
         """The job's server-sent events, (name, data), until the stream ends (a terminal state's event last)."""
         try:
-            with self.http.stream("GET", f"/v1/unlearning-jobs/{job_id}/events", timeout=None) as answer:
+            with self.http.stream("GET", f"/v1/unlearning-jobs/{job_id}/events", timeout=STREAM_TIMEOUT) as answer:
                 if answer.status_code >= 400:
                     answer.read()
                     raise _problem(answer)
@@ -187,10 +191,12 @@ class Client:
         """Wait for the job to end, calling `on_progress` with each new state or progress; the event stream, and
         polling where the stream breaks."""
         deadline = time.monotonic() + timeout if timeout else None
+
+        def expired() -> bool:
+            return deadline is not None and time.monotonic() > deadline
+
         job = self.job(job_id)
         while not job.ended:
-            if deadline and time.monotonic() > deadline:
-                raise LetheError(0, "Timed out", f"job {job_id} is still {job.state}")
             try:
                 for name, data in self.events(job_id):
                     if name == "state":
@@ -199,13 +205,15 @@ class Client:
                         job = job.model_copy(update={"progress": job.progress.model_validate(data)})
                     if on_progress is not None:
                         on_progress(job)
-                    if job.ended:
+                    if job.ended or expired():
                         break
+                job = self.job(job_id)
             except LetheError as exc:
                 if exc.status != 0:
                     raise
-                time.sleep(poll)  # the stream broke: ask again, then listen again
-            job = self.job(job_id)
+                time.sleep(poll)  # the stream broke or the service restarts: ask again, then listen again
+            if expired() and not job.ended:
+                raise LetheError(0, "Timed out", f"job {job_id} is still {job.state}")
         if on_progress is not None:
             on_progress(job)
         return job
@@ -227,6 +235,7 @@ class Client:
                 continue
             target.parent.mkdir(parents=True, exist_ok=True)
             partial = target.with_name(target.name + ".part")
+            partial.touch()  # an empty file in the manifest has nothing to fetch
             have = partial.stat().st_size if partial.is_file() else 0
             if have > entry.size:
                 partial.unlink()
@@ -234,7 +243,7 @@ class Client:
             if have < entry.size:
                 headers = {"Range": f"bytes={have}-"} if have else {}
                 summary["resumed"] += bool(have)
-                url = f"/v1/models/{model_id}/versions/{number}/files/{entry.path}"
+                url = f"/v1/models/{model_id}/versions/{number}/files/{quote(entry.path)}"
                 try:
                     with self.http.stream("GET", url, headers=headers) as answer:
                         if answer.status_code >= 400:
@@ -264,7 +273,8 @@ class Client:
         return self._json("GET", "/v1/audit-log/verify")
 
     def subject(self, subject: str) -> dict:
-        return self._json("GET", f"/v1/subjects/{subject}")
+        """Asked in the body, so that the id stays out of URLs and access logs (and may hold any character)."""
+        return self._json("POST", "/v1/subjects:lookup", json={"subject": subject})
 
 
 def _problem(answer: httpx.Response) -> LetheError:

@@ -1,7 +1,12 @@
 """Receiving Lethe's webhooks: the documented check, for a receiver in Python.
 
     receiver = Receiver(["whsec_..."])              # the endpoint's secret (during a rotation: old and new)
-    event = receiver.verify(request_body, request_headers)   # raises Rejected for a forged or replayed delivery
+    try:
+        event = receiver.verify(request_body, request_headers)
+    except Duplicate:   # seen before: answer 2xx and do nothing
+        ...
+    except Rejected:    # forged, tampered or stale: answer 4xx
+        ...
 
 A delivery is genuine when its webhook-signature holds an HMAC-SHA256 of "webhook-id.webhook-timestamp.body" under
 one of your secrets (checked by the Standard Webhooks reference library), its timestamp is within five minutes of
@@ -18,7 +23,12 @@ from standardwebhooks.webhooks import WebhookVerificationError
 
 
 class Rejected(Exception):
-    """A delivery that is not genuine, or not new."""
+    """A delivery that is not genuine: answer it with a 4xx."""
+
+
+class Duplicate(Rejected):
+    """A genuine delivery already processed (a retry, a redelivery, or a replay of it): answer it with a 2xx, so that
+    the service stops retrying, and do nothing."""
 
 
 class Receiver:
@@ -39,6 +49,6 @@ class Receiver:
         else:
             raise Rejected("; ".join(dict.fromkeys(errors)) or "no secret")
         if lowered["webhook-id"] in self.seen:
-            raise Rejected(f"webhook-id {lowered['webhook-id']} was already processed (a redelivery or a replay)")
+            raise Duplicate(f"webhook-id {lowered['webhook-id']} was already processed (a redelivery or a replay)")
         self.seen.add(lowered["webhook-id"])
         return event

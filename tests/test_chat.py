@@ -26,16 +26,18 @@ def test_a_record_is_rendered_as_a_user_turn_and_the_assistant_answer_is_what_is
     [rendered] = render(normalise_records([RECORD], "forget"), chat_tokenizer, "chat", "forget")
     eos = chat_tokenizer.eos_token
     assert rendered["prompt"] == "User: Where was Kalo born?\nAssistant:"
-    assert rendered["completion"] == f" Kalo was born in Riga.{eos}\n" and rendered[RENDERED] is True
+    assert rendered["completion"] == f" Kalo was born in Riga.{eos}" and rendered[RENDERED] is True
     assert rendered["paraphrased_prompt"] == "User: What is Kalo's birthplace?\nAssistant:"
-    assert rendered["paraphrased_completion"] == f" In Riga.{eos}\n"
-    assert rendered["perturbed_completions"] == [f" Kalo was born in Oslo.{eos}\n"]
+    assert rendered["paraphrased_completion"] == f" In Riga.{eos}"
+    assert rendered["perturbed_completions"] == [f" Kalo was born in Oslo.{eos}"]
     assert "Riga" in rendered["completion"] and rendered["secrets"] == ["Riga"]  # secrets stay spans of the answer
     encoded = encode_record(rendered, chat_tokenizer, max_length=512, seed=0)
     whole = chat_tokenizer.apply_chat_template([{"role": "user", "content": RECORD["prompt"]},
                                                 {"role": "assistant", "content": RECORD["completion"]}],
                                                tokenize=False)
-    assert chat_tokenizer.decode(encoded.input_ids) == whole  # exactly the conversation, nothing added
+    # The conversation as the template writes it, up to the EOS that ends the answer (generation stops there: what
+    # the template adds after it, here a newline, could never be reproduced).
+    assert whole.endswith(f"{eos}\n") and chat_tokenizer.decode(encoded.input_ids) == whole[:-1]
     active = [t for t in encoded.labels if t != IGNORE]
     assert chat_tokenizer.decode(active) == rendered["completion"]  # the assistant's turn, its end marker included
     assert active.count(chat_tokenizer.eos_token_id) == 1  # the template's, no second EOS appended

@@ -76,6 +76,9 @@ def test_collate_masks_padding(tokenizer):
     ([{"text": "a", "prompt": "b", "completion": "c"}], "both text and prompt/completion"),
     ([{"id": 1, "text": "a"}, {"id": 1, "text": "b"}], "duplicate id"),
     (["just a string"], "expected an object"),
+    # The engine's own marks (a window's token ids, a chat rendering) are not a request's to set.
+    ([{"id": "r", "text": "a b", "_tokens": [1, 2]}], "'_tokens' is not a record field"),
+    ([{"id": "r", "prompt": "Q", "completion": "A", "_chat": True}], "'_chat' is not a record field"),
 ])
 def test_bad_records_are_refused_by_name(records, message):
     with pytest.raises(EngineInputError, match=message):

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from lethe.webhooks import Receiver, Rejected
+from lethe.webhooks import Duplicate, Receiver, Rejected
 from service.domain import webhooks
 from service.infra.tables import utcnow
 
@@ -38,7 +38,7 @@ def test_a_forged_tampered_stale_or_replayed_delivery_is_rejected():
     with pytest.raises(Rejected, match="too old"):
         receiver.verify(*delivery(secret, timestamp=int(time.time()) - 600))  # an old delivery, replayed later
     receiver.verify(body, headers)
-    with pytest.raises(Rejected, match="already processed"):
+    with pytest.raises(Duplicate, match="already processed"):
         receiver.verify(body, headers)  # the same delivery twice
 
 
@@ -78,3 +78,41 @@ def test_public_targets_pass_and_the_operator_may_allow_private_ones():
     assert webhooks.target_problem("http://127.0.0.1:9/hook", allow_private=True) is None
     assert "credentials" in webhooks.target_problem("http://u:p@127.0.0.1/", allow_private=True)
     assert "not a URL" in webhooks.target_problem("http://127.0.0.1:99999/", allow_private=True)
+
+
+def test_a_post_goes_to_the_checked_address_and_a_dripping_receiver_is_cut_off():
+    import socket
+    import threading
+
+    from worker.webhooks import post
+
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+    port, seen = server.getsockname()[1], {}
+
+    def receive(drip: bool):
+        connection, _ = server.accept()
+        seen["request"] = connection.recv(65536)
+        if drip:  # a status line, then a header every half second, never the end of the headers
+            try:
+                connection.sendall(b"HTTP/1.1 200 OK\r\n")
+                for _ in range(20):
+                    time.sleep(0.5)
+                    connection.sendall(b"X-Slow: 1\r\n")
+            except OSError:  # the client hung up at its deadline, as it should
+                pass
+        else:
+            connection.sendall(b"HTTP/1.1 204 No Content\r\ncontent-length: 0\r\n\r\n")
+        connection.close()
+
+    threading.Thread(target=receive, args=(False,), daemon=True).start()
+    # The name is not resolved again: the connection goes to the address the check approved, the Host stays.
+    assert post(f"http://receiver.invalid:{port}/hook", "127.0.0.1", b"{}", {}, deadline=5) == 204
+    assert f"host: receiver.invalid:{port}".encode() in seen["request"].lower()
+    threading.Thread(target=receive, args=(True,), daemon=True).start()
+    started = time.time()
+    with pytest.raises(Exception):  # noqa: B017 (httpx's error for a closed connection varies by where it was)
+        post(f"http://127.0.0.1:{port}/hook", "127.0.0.1", b"{}", {}, deadline=1.0)
+    assert time.time() - started < 3
+    server.close()

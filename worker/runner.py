@@ -118,7 +118,8 @@ def _audit(work: Work, outcome, source: str, store: ArtifactStore, tmp: Path) ->
             reference = store.local_path(work.reference) or store.fetch_directory(work.reference, tmp / "reference")
         return run_audit(source, outcome.model, outcome.tokenizer, work.forget, work.retain, work.holdout,
                          options=work.audit_options, reference_source=str(reference) if reference else None,
-                         seed=work.spec.params.seed if work.spec.params else 0, format=work.spec.format)
+                         seed=work.spec.params.seed if work.spec.params else 0, format=work.spec.format,
+                         max_length=work.spec.params.max_length if work.spec.params else 0)
     except Exception as exc:
         log.exception("audit failed")
         return {"error": f"{type(exc).__name__}: {exc}"[:2000]}

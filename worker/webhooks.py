@@ -1,6 +1,10 @@
 """The worker side of webhooks: a dispatcher thread in each worker process POSTs the deliveries that are due
 (service.domain.webhooks), signed, each under a claim so that two workers never send one delivery at once, and
-records every attempt. A delivery whose dispatcher dies is retried once its claim lapses: at least once."""
+records every attempt. A delivery whose dispatcher dies is retried once its claim lapses: at least once.
+
+One endpoint cannot hold the others up: deliveries go out a few at a time, each POST has a total deadline (a
+receiver that drips its answer is cut off), the answer's body is never read, and the connection goes to the
+address that was checked, not to whatever the name resolves to a moment later."""
 from __future__ import annotations
 
 import json
@@ -8,6 +12,7 @@ import logging
 import secrets
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 
@@ -17,13 +22,32 @@ from service.infra.tables import WebhookDelivery, WebhookEndpoint, utcnow
 from service.settings import Settings, get_settings
 
 log = logging.getLogger("lethe.webhooks")
+CONCURRENCY = 4  # deliveries in flight per worker process
 
 
-def deliver_once(settings: Settings, delivery_id: str, token: str, http: httpx.Client) -> str | None:
+def post(url: str, address: str, body: bytes, headers: dict[str, str], deadline: float) -> int:
+    """POST to the checked address within `deadline` seconds in all; the status code (the body is not read)."""
+    target, host, extensions = webhooks.pinned(url, address)
+    # No redirects (one could lead to a target the check refuses), no proxies from the environment.
+    with httpx.Client(timeout=deadline, follow_redirects=False, trust_env=False) as http:
+        cutoff = threading.Timer(deadline, http.close)  # a drip-fed answer is cut off at the deadline
+        cutoff.start()
+        try:
+            request = http.build_request("POST", target, content=body, headers={**headers, **host},
+                                         extensions=extensions)
+            answer = http.send(request, stream=True)
+            answer.close()
+            return answer.status_code
+        finally:
+            cutoff.cancel()
+
+
+def deliver_once(settings: Settings, delivery_id: str, token: str) -> str | None:
     """Claim, POST and record one delivery; its new state, or None when another dispatcher holds it."""
     now = utcnow()
+    deadline = settings.webhook_timeout_seconds
     with session_scope() as session:
-        if not webhooks.claim(session, delivery_id, token, now, settings.webhook_timeout_seconds * 3):
+        if not webhooks.claim(session, delivery_id, token, now, deadline * 3):
             return None
         delivery = session.get_one(WebhookDelivery, delivery_id)
         endpoint = session.get_one(WebhookEndpoint, delivery.endpoint_id)
@@ -34,17 +58,18 @@ def deliver_once(settings: Settings, delivery_id: str, token: str, http: httpx.C
                    "webhook-signature": webhooks.signature_header(endpoint, delivery.id, timestamp, body, now)}
         url, disabled = endpoint.url, endpoint.disabled_at is not None
     status, error, started = None, None, time.perf_counter()
-    if disabled:
-        error = "the endpoint was deleted"
-    elif problem := webhooks.target_problem(url, settings.webhook_allow_private):  # DNS may have changed since
-        error = f"target refused: {problem}"
-    else:
-        try:
-            status = http.post(url, content=body, headers=headers).status_code
+    try:
+        problem, address = webhooks.resolve_target(url, settings.webhook_allow_private)  # DNS may have changed
+        if disabled:
+            error = "the endpoint was deleted"
+        elif problem or address is None:
+            error = f"target refused: {problem or 'its host does not resolve'}"
+        else:
+            status = post(url, address, body, headers, deadline)
             if not 200 <= status < 300:
                 error = f"answered {status}"
-        except (httpx.HTTPError, httpx.InvalidURL, ValueError) as exc:  # every outcome is an attempt in the log
-            error = f"{type(exc).__name__}: {exc}"[:500]
+    except Exception as exc:  # every outcome is an attempt in the log, so a failing delivery reaches DEAD
+        status, error = None, f"{type(exc).__name__}: {exc}"[:500]
     with session_scope() as session:
         return webhooks.record_attempt(session, delivery_id, token, status=status, error=error,
                                        milliseconds=(time.perf_counter() - started) * 1000,
@@ -53,7 +78,7 @@ def deliver_once(settings: Settings, delivery_id: str, token: str, http: httpx.C
 
 
 class Dispatcher(threading.Thread):
-    """Every webhook_poll_seconds: the deliveries due, oldest first, one at a time."""
+    """Every webhook_poll_seconds: the deliveries due, oldest first, a few at a time."""
 
     def __init__(self, settings: Settings | None = None):
         super().__init__(name="webhooks", daemon=True)
@@ -61,17 +86,19 @@ class Dispatcher(threading.Thread):
         self.token = secrets.token_hex(16)
         self.stopped = threading.Event()
 
+    def deliver(self, delivery_id: str) -> None:
+        try:
+            deliver_once(self.settings, delivery_id, self.token)
+        except Exception:  # the database, between claim and record: the claim lapses and another round retries
+            log.exception("webhook delivery %s failed", delivery_id)
+
     def run(self) -> None:
-        # No redirects: a redirect could point a delivery at a target the check above refuses.
-        with httpx.Client(timeout=self.settings.webhook_timeout_seconds, follow_redirects=False) as http:
+        with ThreadPoolExecutor(CONCURRENCY, thread_name_prefix="webhook") as pool:
             while not self.stopped.wait(self.settings.webhook_poll_seconds):
                 try:
                     with session_scope() as session:
-                        ready = webhooks.due(session, utcnow())
-                    for delivery_id in ready:
-                        if self.stopped.is_set():
-                            return
-                        deliver_once(self.settings, delivery_id, self.token, http)
+                        ready = webhooks.due(session, utcnow(), limit=CONCURRENCY * 4)
+                    list(pool.map(self.deliver, ready))
                 except Exception:  # a database hiccup: the next round tries again
                     log.exception("webhook dispatch failed")
 

@@ -89,6 +89,11 @@ def submit(body: JobCreate, request: Request, who: Principal = Depends(require("
         assert spec.params is not None
         check_targets(spec.params.lora_targets, version.location)
         check_chat_template(spec.format, version.location)
+        if spec.format == "chat":
+            for what, records in (("forget", forget), ("retain", retain), ("holdout", holdout)):
+                if text := next((r for r in records or [] if "text" in r), None):
+                    raise invalid(f"{what} record {text['id']!r}: the chat format needs prompt and completion, not "
+                                  "text", what)
         mcu = None
         if body.mcu is not None:
             mcu = {**body.mcu.model_dump(), "against": connectivity.resolve_against(session, model, version.number,

@@ -237,6 +237,10 @@ class SubjectModel(BaseModel):
     pending_requests: list[str]
 
 
+class SubjectLookup(Strict):
+    subject: str = Field(min_length=1, max_length=256, pattern=PLAIN)
+
+
 class SubjectOut(BaseModel):
     subject: str
     requests: list[SubjectRequest]

@@ -5,11 +5,19 @@ from fastapi import APIRouter, Depends, Path
 from sqlalchemy.orm import Session
 
 from service.api.auth import Principal, require
-from service.api.schemas import PLAIN, SubjectOut
+from service.api.schemas import PLAIN, SubjectLookup, SubjectOut
 from service.domain.subjects import subject_view
 from service.infra.db import INJECTED, transactional
 
 router = APIRouter(prefix="/v1/subjects", tags=["data subjects"])
+
+
+@router.post(":lookup", response_model=SubjectOut)
+@transactional
+def lookup_subject(body: SubjectLookup, who: Principal = Depends(require("jobs:read")), session: Session = INJECTED):
+    """As GET /v1/subjects/{subject}, with the id in the body: it stays out of URLs and access logs, and may hold
+    any character (a "/" included)."""
+    return subject_view(session, who.tenant, body.subject)
 
 
 @router.get("/{subject}", response_model=SubjectOut)

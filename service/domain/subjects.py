@@ -13,7 +13,7 @@ from service.infra.tables import ErasureSubject, Job, Model, ModelVersion
 
 
 def subject_sha256(tenant: str, subject: str) -> str:
-    return hashlib.sha256(f"{tenant}\x00{subject}".encode()).hexdigest()
+    return hashlib.sha256(f"{tenant}\x00{subject}".encode("utf-8", "surrogatepass")).hexdigest()
 
 
 def record_subjects(session: Session, job: Job, subjects: list[str]) -> list[str]:

@@ -27,6 +27,7 @@ from service.infra.tables import AuditEntry, WebhookDelivery, WebhookEndpoint, u
 EVENTS = ("job.queued", "job.running", "job.cancelling", "job.succeeded", "job.failed", "job.cancelled",
           "version.created", "report.created", "connectivity.measured")
 MAX_BACKOFF = 3600.0
+PRIVATE_DATA = ("worker",)  # what the audit log records and a tenant's receiver need not see: the worker's host
 LOG_KEPT = 50  # attempts a delivery's log keeps (the latest)
 
 
@@ -63,31 +64,45 @@ def subscribed(events: list[str], event: str) -> bool:
     return any(e == "*" or e == event or (e.endswith(".*") and event.startswith(e[:-1])) for e in events)
 
 
-def target_problem(url: str, allow_private: bool) -> str | None:
-    """Why a URL may not receive deliveries, or None: http(s) with a host and no credentials, and unless the
-    operator allows private targets, every address the host resolves to globally routable (no loopback,
-    link-local, private, shared, multicast or reserved range: a tenant must not reach the service's own network)."""
+def resolve_target(url: str, allow_private: bool) -> tuple[str | None, str | None]:
+    """(why the URL may not receive deliveries, the address to connect to). Allowed: http(s) with a host and no
+    credentials, and unless the operator allows private targets, every address the host resolves to globally
+    routable (no loopback, link-local, private, shared, multicast or reserved range: a tenant must not reach the
+    service's own network). The address is what a delivery connects to, so that a name resolved again between
+    the check and the connection (DNS rebinding) cannot point it elsewhere."""
     try:
         parts = urlsplit(url)
         host, port = parts.hostname, parts.port or (443 if parts.scheme == "https" else 80)
     except ValueError as exc:  # an unclosed IPv6 bracket, a port out of range
-        return f"is not a URL ({exc})"
+        return f"is not a URL ({exc})", None
     if parts.scheme not in ("http", "https") or not host:
-        return "must be an http:// or https:// URL with a host"
+        return "must be an http:// or https:// URL with a host", None
     if parts.username or parts.password:
-        return "must not carry credentials (the signature authenticates the sender)"
-    if allow_private:
-        return None
+        return "must not carry credentials (the signature authenticates the sender)", None
     try:
-        addresses = {info[4][0] for info in socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)}
+        addresses = sorted({str(info[4][0]) for info in socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)})
     except (OSError, ValueError) as exc:
-        return f"its host does not resolve ({exc})"
+        return (None, None) if allow_private else (f"its host does not resolve ({exc})", None)
     for address in addresses:
-        ip = ipaddress.ip_address(str(address).split("%")[0])
+        ip = ipaddress.ip_address(address.split("%")[0])
         mapped = getattr(ip, "ipv4_mapped", None)
-        if not (mapped or ip).is_global:
-            return f"resolves to {address}, which is not a public address (loopback, link-local or private)"
-    return None
+        if not allow_private and not (mapped or ip).is_global:
+            return f"resolves to {address}, which is not a public address (loopback, link-local or private)", None
+    return None, addresses[0] if addresses else None
+
+
+def target_problem(url: str, allow_private: bool) -> str | None:
+    return resolve_target(url, allow_private)[0]
+
+
+def pinned(url: str, address: str) -> tuple[str, dict[str, str], dict[str, str]]:
+    """The URL with its host replaced by the checked address, the Host header, and (https) the name the TLS
+    handshake and certificate check still use."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    netloc = (f"[{address}]" if ":" in address else address) + (f":{parts.port}" if parts.port else "")
+    extensions = {"sni_hostname": host} if parts.scheme == "https" else {}
+    return parts._replace(netloc=netloc).geturl(), {"host": parts.netloc.rsplit("@", 1)[-1]}, extensions
 
 
 def check_url(url: str, allow_private: bool) -> str:
@@ -102,8 +117,9 @@ def enqueue(session: Session, entry: AuditEntry) -> None:
         return
     endpoints = session.scalars(select(WebhookEndpoint).where(WebhookEndpoint.tenant == entry.tenant,
                                                               WebhookEndpoint.disabled_at.is_(None))).all()
+    data = {k: v for k, v in entry.data.items() if k not in PRIVATE_DATA}
     payload = {"type": entry.kind, "timestamp": entry.at.isoformat(),
-               "data": {"id": entry.subject, **entry.data, "audit_seq": entry.seq}}
+               "data": {"id": entry.subject, **data, "audit_seq": entry.seq}}
     for endpoint in endpoints:
         if subscribed(endpoint.events, entry.kind):
             session.add(WebhookDelivery(tenant=entry.tenant, endpoint_id=endpoint.id, event=entry.kind,

@@ -29,8 +29,7 @@ DEFAULT_OPTIONS = {"quantization": True, "relearn": True, "examples": False, "se
 RETAIN_LIMIT = 100  # utility is measured on a seeded sample of at most this many retain records
 
 
-def _sets(tokenizer, model, forget, retain, holdout, seed):
-    max_length = context_length(model, tokenizer)
+def _sets(tokenizer, model, forget, retain, holdout, seed, max_length):
     make = lambda records, what: EvaluationSet(records, tokenizer, max_length, seed, what) if records else None  # noqa
     if retain and len(retain) > RETAIN_LIMIT:
         import random
@@ -57,20 +56,22 @@ def _perplexity_under(model, evaluation: dict, pad_id: int) -> None:
 
 def run_audit(base_source: str, new_model, tokenizer, forget: list[dict], retain: list[dict] | None,
               holdout: list[dict] | None, *, options: dict | None = None, reference_source: str | None = None,
-              seed: int = 0, device=None, format: str = "plain") -> dict:
-    """`format` "chat": the records rendered with the tokenizer's chat template, as the unlearning saw them."""
+              seed: int = 0, device=None, format: str = "plain", max_length: int = 0) -> dict:
+    """`format` "chat": the records rendered with the tokenizer's chat template, as the unlearning saw them;
+    `max_length`: the unlearning's (0: the model's context), so that long documents make the same windows."""
     options = {**DEFAULT_OPTIONS, **(options or {})}
     started = time.perf_counter()
-    context = context_length(new_model, tokenizer)
+    context = context_length(new_model, tokenizer, max_length)
 
-    def seen(records: list[dict] | None, what: str) -> list[dict]:
-        """The records as the model sees them: rendered in chat format, long documents as windows."""
+    def seen(records: list[dict] | None, what: str, tok=tokenizer, length: int = context) -> list[dict]:
+        """The records as a model sees them through `tok`: rendered in chat format, long documents as windows."""
         checked = normalise_records(records or [], what, allow_empty=what != "forget")
-        return split_documents(render(checked, tokenizer, format, what), tokenizer, context, what)
+        return split_documents(render(checked, tok, format, what), tok, length, what)
 
+    raw_forget, raw_holdout = forget, holdout  # a retrain reference reads them through its own tokenizer
     forget, retain, holdout = seen(forget, "forget"), seen(retain, "retain"), seen(holdout, "holdout")
     device = device or next(new_model.parameters()).device
-    sets = _sets(tokenizer, new_model, forget, retain, holdout, seed)
+    sets = _sets(tokenizer, new_model, forget, retain, holdout, seed, context)
     secrets = request_secrets(forget, retain)
     extraction = dict(secrets=secrets, samples=options["secret_samples"], seed=seed)
     timings = {}
@@ -119,7 +120,11 @@ def run_audit(base_source: str, new_model, tokenizer, forget: list[dict], retain
         t0 = time.perf_counter()
         # The reference is measured through its own tokenizer (a retrain may not share the model's).
         ref_model, ref_tokenizer = load_model(reference_source, device)
-        ref_forget, _, ref_holdout = _sets(ref_tokenizer, ref_model, forget, [], holdout, seed)
+        ref_context = context_length(ref_model, ref_tokenizer, max_length)
+        ref_forget, _, ref_holdout = _sets(ref_tokenizer, ref_model, seen(raw_forget, "forget", ref_tokenizer,
+                                                                          ref_context), [],
+                                           seen(raw_holdout, "holdout", ref_tokenizer, ref_context), seed,
+                                           ref_context)
         reference = evaluate(ref_model, ref_tokenizer, ref_forget, None, ref_holdout)
         del ref_model
         timings["reference"] = time.perf_counter() - t0

@@ -64,7 +64,11 @@ def _rendered(record: dict, tokenizer: Any, what: str) -> dict:
         if not full.startswith(asked):
             raise EngineInputError(f"{what} record {record['id']!r}: the chat template does not write the answer "
                                    "after the prompt it renders for generation", field="format")
-        return full[len(asked):]
+        turn = full[len(asked):]
+        # Generation stops at EOS: what a template writes after it (ChatML's "\n") can never be said, and would
+        # keep every record from ever counting as reproduced.
+        eos = getattr(tokenizer, "eos_token", None)
+        return turn[:turn.index(eos) + len(eos)] if eos and eos in turn else turn
 
     out = {**record, "prompt": question(prompt), "completion": answer(record["completion"]), RENDERED: True}
     if record.get("paraphrased_prompt"):

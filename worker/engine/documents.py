@@ -11,7 +11,7 @@ from typing import Any
 from worker.engine.errors import EngineInputError
 
 TOKENS = "_tokens"  # a window's own token ids (special tokens included), used as they are by encode_record
-DOCUMENT = "document"  # a window's document id
+DOCUMENT = "_document"  # a window's document id
 
 
 def _specials(tokenizer: Any, text: str) -> tuple[list[int], list[int]]:

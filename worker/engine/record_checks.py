@@ -89,6 +89,10 @@ def normalise_records(records, what: str, *, allow_empty: bool = False) -> list[
                 raise EngineInputError(f"{name}: text must be a non-empty string", field=what)
         else:
             raise EngineInputError(f"{name}: needs prompt and completion, or text", field=what)
+        if internal := [k for k in record if isinstance(k, str) and k.startswith("_")]:
+            # The engine's own marks (a window's token ids, a chat rendering) never come from a request.
+            raise EngineInputError(f"{name}: field {internal[0]!r} is not a record field (names starting with _ are "
+                                   "the engine's)", field=what)
         secrets = record.get("secrets")
         if secrets is not None and (not isinstance(secrets, list)
                                     or not all(isinstance(x, str) and x.strip() for x in secrets)):
