@@ -167,11 +167,12 @@ def ended_code(job: Job) -> int:
     return JOB_ENDED_BADLY
 
 
-def write_report(client: Client, job_id: str, path: Path) -> None:
+def write_report(client: Client, job_id: str, path: Path, fetched: dict | None = None) -> None:
+    """The page for a .html path, else the JSON (`fetched`: the report already in hand)."""
     if path.suffix.lower() in (".html", ".htm"):
         path.write_text(client.report_html(job_id))
     else:
-        path.write_text(json.dumps(client.report(job_id), indent=2))
+        path.write_text(json.dumps(fetched or client.report(job_id), indent=2))
 
 
 @app.command()
@@ -226,10 +227,11 @@ def erase(model: Annotated[str, typer.Option(help="the model's id or name")],
                     if not as_json:
                         print(f"version {job.result.model_version} in {download}: {summary['download']['files']} "
                               "files, sha256 verified")
-                verdict = client.report(job.id)["verdict"]
+                evidence = client.report(job.id)
+                verdict = evidence["verdict"]
                 summary["verdict"] = verdict
                 if report:
-                    write_report(client, job.id, report)
+                    write_report(client, job.id, report, evidence)
                     summary["report"] = str(report)
                 if not as_json:
                     print(verdict["summary"])

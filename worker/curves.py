@@ -8,14 +8,13 @@ import logging
 from pathlib import Path
 
 from service.domain import audit_log, connectivity
-from service.domain.jobs import StateChanged, end_job, owned_job, still_ours
+from service.domain.jobs import end_job, still_ours
 from service.domain.lineage import add_version, get_model, get_version
 from service.infra.artifacts import ArtifactStore
-from service.infra.db import session_scope
 from service.infra.tables import Job
 from service.reports.evidence import build_connectivity_report
 from service.settings import Settings
-from worker.work import LeaseKeeper, Work
+from worker.work import LeaseKeeper, Work, while_ours
 
 log = logging.getLogger("lethe.worker")
 ENSEMBLE_TAG = "mcu-ensemble"
@@ -121,24 +120,20 @@ def execute_connectivity(work: Work, keeper: LeaseKeeper, settings: Settings, st
         curve = {"a": a, "result": outcome.result}
         if outcome.ensemble is not None:
             curve["ensemble"] = save_ensemble(outcome, store, tmp, work.folder("ensemble"))
-    keeper.done.set()
-    try:
-        with session_scope() as session:
-            job = owned_job(session, work.job_id, keeper.owner)
-            if job is None:
-                return "lease lost"
-            if outcome is None or curve is None or job.cancel_requested:
-                end_job(job, "CANCELLED", result={"connectivity": []}, **still_ours(keeper.owner))
-                return "cancelled"
-            model = get_model(session, job.tenant, job.model_id)
-            [row] = record_curves(session, job, [curve], b, get_version(session, model, b))
-            job.engine_result = outcome.result
-            job.report = build_connectivity_report(job, [connectivity.summary(row)], keeper.owner)
-            audit_log.append(session, job.tenant, "report.created", job.id, {"report_sha256": job.report["sha256"]})
-            end_job(job, "SUCCEEDED", result={"connectivity": [row.id],
-                                              "wall_seconds": outcome.result["timing"]["wall_seconds"],
-                                              "ensemble_version": (row.ensemble or {}).get("version")},
-                    **still_ours(keeper.owner))
-            return f"succeeded: {row.id}"
-    except StateChanged:  # cancelled or taken over between our read and our write
-        return "lease lost"
+
+    def finish(session, job: Job) -> str:
+        if outcome is None or curve is None or job.cancel_requested:
+            end_job(job, "CANCELLED", result={"connectivity": []}, **still_ours(keeper.owner))
+            return "cancelled"
+        model = get_model(session, job.tenant, job.model_id)
+        [row] = record_curves(session, job, [curve], b, get_version(session, model, b))
+        job.engine_result = outcome.result
+        job.report = build_connectivity_report(job, [connectivity.summary(row)], keeper.owner)
+        audit_log.append(session, job.tenant, "report.created", job.id, {"report_sha256": job.report["sha256"]})
+        end_job(job, "SUCCEEDED", result={"connectivity": [row.id],
+                                          "wall_seconds": outcome.result["timing"]["wall_seconds"],
+                                          "ensemble_version": (row.ensemble or {}).get("version")},
+                **still_ours(keeper.owner))
+        return f"succeeded: {row.id}"
+
+    return while_ours(work.job_id, keeper, finish)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from service.domain import audit_log, connectivity
 from service.domain.errors import Problem
-from service.domain.jobs import StateChanged, acquire_lease, end_job, fail_exhausted, owned_job, still_ours
+from service.domain.jobs import acquire_lease, end_job, fail_exhausted, still_ours
 from service.domain.lineage import add_version, get_model, get_version, lock_model, missing_erasures
 from service.infra.artifacts import ArtifactStore
 from service.infra.db import session_scope
@@ -20,7 +20,7 @@ from service.reports.evidence import build_report
 from service.settings import Settings, get_settings
 from worker.curves import execute_connectivity, measure_curves, record_curves
 from worker.engine.errors import EngineInputError
-from worker.work import LeaseKeeper, Work, model_busy, predates, read_work
+from worker.work import LeaseKeeper, Work, model_busy, predates, read_work, while_ours
 
 log = logging.getLogger("lethe.worker")
 
@@ -132,15 +132,8 @@ def _summary(version: int | None, stop_reason: str, steps: int, wall_seconds: fl
 def _finish(work: Work, keeper: LeaseKeeper, result: dict, location: str, manifest: list | None,
             audit: dict | None, curves: list[dict]) -> str:
     """One transaction: the version (at most one per job) and the job's end, if the lease is still ours."""
-    keeper.done.set()
-    try:
-        with session_scope() as session:
-            job = owned_job(session, work.job_id, keeper.owner)
-            if job is None:
-                return "lease lost"
-            return _finish_owned(session, job, keeper, result, location, manifest, audit, curves)
-    except StateChanged:  # cancelled, failed by the sweeper or taken over between our read and our write
-        return "lease lost"
+    return while_ours(work.job_id, keeper, lambda session, job: _finish_owned(
+        session, job, keeper, result, location, manifest, audit, curves))
 
 
 def _finish_owned(session, job: Job, keeper: LeaseKeeper, result: dict, location: str, manifest: list | None,
@@ -184,13 +177,8 @@ def _finish_owned(session, job: Job, keeper: LeaseKeeper, result: dict, location
 
 
 def _fail(job_id: str, keeper: LeaseKeeper, error: dict) -> str:
-    keeper.done.set()
-    try:
-        with session_scope() as session:
-            job = owned_job(session, job_id, keeper.owner)
-            if job is None:
-                return "lease lost"
-            end_job(job, "FAILED", error=error, **still_ours(keeper.owner))
-    except StateChanged:
-        return "lease lost"
-    return "failed"
+    def fail(session, job: Job) -> str:
+        end_job(job, "FAILED", error=error, **still_ours(keeper.owner))
+        return "failed"
+
+    return while_ours(job_id, keeper, fail)

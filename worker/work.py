@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from service.domain.errors import Problem, invalid
-from service.domain.jobs import end_job, heartbeat, log_state
+from service.domain.jobs import StateChanged, end_job, heartbeat, log_state, owned_job
 from service.domain.lineage import get_model, get_version, lock_model, missing_erasures
 from service.infra.db import session_scope
 from service.infra.tables import TERMINAL, Job, Model, ModelVersion, RetrainReference
@@ -74,6 +75,18 @@ class Work:
         """This attempt's own folder in the store: a worker that lost its lease but still runs cannot overwrite
         the files of its successor, whose version points at its own folder."""
         return f"jobs/{self.job_id}/attempt-{self.attempt}/{name}"
+
+
+def while_ours(job_id: str, keeper: LeaseKeeper, finish: Callable[[Session, Job], str]) -> str:
+    """Stop the lease keeper and run `finish` in one transaction on the job, locked, if its lease is still this
+    worker's; "lease lost" when a cancel, the sweeper or another worker took it (before or during the write)."""
+    keeper.done.set()
+    try:
+        with session_scope() as session:
+            job = owned_job(session, job_id, keeper.owner)
+            return "lease lost" if job is None else finish(session, job)
+    except StateChanged:
+        return "lease lost"
 
 
 def predates(number: int, missing: list[str], detail: str) -> dict:

@@ -25,6 +25,7 @@ from service.infra.queue import enqueue
 from service.infra.tables import JOB_STATES, TERMINAL, Job, Model, utcnow
 from service.reports.html import render_report
 from service.settings import get_settings
+from worker.engine.chat import refuse_text
 from worker.engine.errors import EngineInputError
 from worker.engine.jobspec import JobSpec
 from worker.engine.record_checks import normalise_records
@@ -91,9 +92,7 @@ def submit(body: JobCreate, request: Request, who: Principal = Depends(require("
         check_chat_template(spec.format, version.location)
         if spec.format == "chat":
             for what, records in (("forget", forget), ("retain", retain), ("holdout", holdout)):
-                if text := next((r for r in records or [] if "text" in r), None):
-                    raise invalid(f"{what} record {text['id']!r}: the chat format needs prompt and completion, not "
-                                  "text", what)
+                refuse_text(records or [], what)
         mcu = None
         if body.mcu is not None:
             mcu = {**body.mcu.model_dump(), "against": connectivity.resolve_against(session, model, version.number,

@@ -47,18 +47,24 @@ def render(records: list[dict], tokenizer: Any, format: str, what: str) -> list[
     return [_rendered(r, tokenizer, what) for r in records]
 
 
-def _rendered(record: dict, tokenizer: Any, what: str) -> dict:
-    if "text" in record:
+def refuse_text(records: list[dict], what: str) -> None:
+    """The chat format renders turns: a `text` record has none (checked here by the API too, without a tokenizer)."""
+    if record := next((r for r in records if "text" in r), None):
         raise EngineInputError(f"{what} record {record['id']!r}: the chat format needs prompt and completion, not "
                                "text", field=what)
+
+
+def _rendered(record: dict, tokenizer: Any, what: str) -> dict:
+    refuse_text([record], what)
     prompt = record["prompt"]
 
     def question(text: str) -> str:
         return tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
                                              add_generation_prompt=True)
 
+    asked = question(prompt)
+
     def answer(text: str) -> str:
-        asked = question(prompt)
         full = tokenizer.apply_chat_template([{"role": "user", "content": prompt},
                                               {"role": "assistant", "content": text}], tokenize=False)
         if not full.startswith(asked):
@@ -70,7 +76,7 @@ def _rendered(record: dict, tokenizer: Any, what: str) -> dict:
         eos = getattr(tokenizer, "eos_token", None)
         return turn[:turn.index(eos) + len(eos)] if eos and eos in turn else turn
 
-    out = {**record, "prompt": question(prompt), "completion": answer(record["completion"]), RENDERED: True}
+    out = {**record, "prompt": asked, "completion": answer(record["completion"]), RENDERED: True}
     if record.get("paraphrased_prompt"):
         out["paraphrased_prompt"] = question(record["paraphrased_prompt"])
     if record.get("paraphrased_completion"):

@@ -14,10 +14,9 @@ TOKENS = "_tokens"  # a window's own token ids (special tokens included), used a
 DOCUMENT = "_document"  # a window's document id
 
 
-def _specials(tokenizer: Any, text: str) -> tuple[list[int], list[int]]:
-    """The special tokens the tokenizer adds before and after a text (BOS, sometimes EOS)."""
-    plain = tokenizer(text, add_special_tokens=False)["input_ids"]
-    full = tokenizer(text, add_special_tokens=True)["input_ids"]
+def _specials(full: list[int], plain: list[int]) -> tuple[list[int], list[int]]:
+    """The special tokens the tokenizer added before and after a text (BOS, sometimes EOS): `full` is the text
+    tokenised with them, `plain` without."""
     for start in range(len(full) - len(plain) + 1):
         if full[start:start + len(plain)] == plain:
             return full[:start], full[start + len(plain):]
@@ -34,11 +33,15 @@ def split_documents(records: list[dict], tokenizer: Any, max_length: int, what: 
         if "text" not in record or TOKENS in record:
             out.append(record)
             continue
+        full = tokenizer(record["text"], add_special_tokens=True)["input_ids"]
+        if len(full) <= max_length:
+            out.append(record)  # fits
+            continue
         body = tokenizer(record["text"], add_special_tokens=False)["input_ids"]
-        before, after = _specials(tokenizer, record["text"])
+        before, after = _specials(full, body)
         size = max_length - len(before) - len(after)
-        if len(before) + len(body) + len(after) <= max_length or size < 2:
-            out.append(record)  # fits (or the context cannot hold a window: encode_record says so)
+        if size < 2:
+            out.append(record)  # the context cannot hold a window: encode_record says so
             continue
         count = math.ceil(len(body) / size)
         bounds = [round(i * len(body) / count) for i in range(count + 1)]

@@ -16,7 +16,6 @@ from worker.engine.errors import EngineInputError
 from worker.engine.methods import Method, get_method
 from worker.engine.param_base import SharedParams
 from worker.engine.params import MascParams
-from worker.engine.records import normalise_records
 from worker.engine.runtime import library_versions
 from worker.engine.training.budget import FixedBudget
 from worker.engine.training.loop import train
@@ -43,7 +42,6 @@ def run_unlearning(model_source: str, forget: list[dict], retain: list[dict] | N
     if params is None:
         params = get_method("masc").parse()
     method = get_method(params.method)
-    normalise_records(holdout or [], "holdout", allow_empty=True)  # bad records refused before the model loads
     run = prepare(model_source, forget, retain, params, device, holdout=holdout, format=format)
     stop = stop_policy(method, run, params)
     params = stop.params  # MASC decides its secret focus from the records
