@@ -43,6 +43,12 @@ class Settings(BaseSettings):
     visibility_timeout: int = 12 * 3600  # above the longest job (Redis redelivers unacked messages after it)
     device: str = "auto"
     queue: str = "gpu"
+    # Memory planning (worker.engine.memory_plan): the bytes a worker's jobs may plan on (0: what its device holds:
+    # a GPU's total memory, on CPU what the system has available). Workers announce it with their queue; the API
+    # routes each job to the queue of the smallest device it fits, and refuses one that fits none.
+    device_memory_bytes: int = 0
+    device_refresh_seconds: float = 60.0  # how often a worker renews its announcement
+    device_seen_seconds: float = 300.0  # an announcement older than this is ignored (its worker is gone)
     # Webhooks (service.domain.webhooks): targets on loopback, link-local or private networks are refused unless
     # the operator allows them; a delivery is retried with exponential backoff, then dead-lettered.
     webhook_allow_private: bool = False

@@ -1,6 +1,6 @@
 """The Celery worker: `celery -A worker.celery_app worker -Q gpu -c 1 --pool prefork`. CUDA is never
 touched before the fork: the engine (and torch) load in the pool child, where CUDA may start."""
-from celery.signals import worker_process_init
+from celery.signals import worker_process_init, worker_process_shutdown
 
 from service.infra.queue import RUN_JOB, get_celery
 
@@ -13,9 +13,18 @@ def preload_engine(**_):
     so that the first job does not pay for the imports."""
     import worker.engine.unlearn  # noqa: F401
     import worker.runner  # noqa: F401
+    from worker.devices import start_announcer
     from worker.webhooks import start_dispatcher
 
     start_dispatcher()  # the worker side delivers the webhooks (issue 14)
+    start_announcer()  # its device's memory, for the API's routing (issue 15)
+
+
+@worker_process_shutdown.connect
+def withdraw_device(**_):
+    from worker.devices import withdraw
+
+    withdraw()
 
 
 @app.task(name=RUN_JOB, acks_late=True, reject_on_worker_lost=True)

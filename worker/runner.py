@@ -33,7 +33,8 @@ def run(job_id: str) -> str:
         if fail_exhausted(session, job_id):  # every attempt's worker died: FAILED, whatever else runs
             return "failed: attempts exhausted"
         if busy := model_busy(session, job_id):
-            enqueue(job_id, countdown=settings.heartbeat_seconds * 2)  # one new version per model at a time
+            # one new version per model at a time
+            enqueue(job_id, countdown=settings.heartbeat_seconds * 2, queue=session.get_one(Job, job_id).queue)
             session.get_one(Job, job_id).enqueued_at = utcnow()  # this chain re-sends it: the sweeper need not
             return f"waiting for job {busy}"
         if not acquire_lease(session, job_id, owner, settings.lease_seconds):
@@ -55,7 +56,9 @@ def run(job_id: str) -> str:
 
 
 def _execute(work: Work, keeper: LeaseKeeper, settings: Settings) -> str:
+    from worker.devices import memory_limit
     from worker.engine.loading import save_model
+    from worker.engine.memory_check import DoesNotFit
     from worker.engine.unlearn import run_unlearning
 
     store = ArtifactStore(settings.artifact_root)
@@ -72,7 +75,8 @@ def _execute(work: Work, keeper: LeaseKeeper, settings: Settings) -> str:
 
             outcome = run_unlearning(str(source), work.forget, work.retain, holdout=work.holdout,
                                      params=work.spec.params, device=settings.device, progress=progress,
-                                     should_cancel=keeper.should_stop, format=work.spec.format)
+                                     should_cancel=keeper.should_stop, format=work.spec.format,
+                                     memory_limit=memory_limit(settings))
             if keeper.lost.is_set():
                 return "lease lost"  # another worker owns the job now; write nothing
             result = outcome.result.as_dict()
@@ -90,6 +94,9 @@ def _execute(work: Work, keeper: LeaseKeeper, settings: Settings) -> str:
             if finished == "lease lost" and manifest is not None:
                 store.delete(work.folder(""))  # nothing points at it
             return finished
+    except DoesNotFit as exc:  # before the model was loaded: nothing ran out of memory
+        return _fail(work.job_id, keeper, Problem(422, "does-not-fit", "Job does not fit", str(exc),
+                                                  estimate=exc.plan.as_dict()).body())
     except EngineInputError as exc:
         return _fail(work.job_id, keeper, Problem(422, "invalid-request", "Invalid request", str(exc)).body())
     except Exception as exc:

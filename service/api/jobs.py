@@ -15,11 +15,12 @@ from service.api.auth import Principal, require
 from service.api.idempotency import idempotent
 from service.api.pagination import paginate
 from service.api.schemas import CurveOptions, JobCreate, JobOut, Page
-from service.domain import connectivity, lineage
+from service.domain import capacity, connectivity, lineage
 from service.domain.checkpoints import check_chat_template, check_targets
 from service.domain.errors import Problem, invalid, not_found
 from service.domain.jobs import check_quota, get_job, job_view, log_state, new_job, request_cancel
 from service.domain.subjects import record_subjects
+from service.infra.artifacts import ArtifactStore
 from service.infra.db import INJECTED, session_scope, transactional
 from service.infra.queue import enqueue
 from service.infra.tables import JOB_STATES, TERMINAL, Job, Model, utcnow
@@ -57,8 +58,11 @@ def job_spec(body: JobCreate, model: Model) -> JobSpec:
 
 def send(payload: dict) -> None:
     """Enqueue after commit; if the broker is down the job stays QUEUED and the sweeper re-sends it."""
+    with session_scope() as session:
+        job = session.get(Job, payload["id"])
+        queue = job.queue if job is not None else None
     try:
-        enqueue(payload["id"])
+        enqueue(payload["id"], queue=queue)
     except Exception:
         log.exception("could not enqueue job %s; the sweeper will retry", payload["id"])
         return
@@ -90,6 +94,7 @@ def submit(body: JobCreate, request: Request, who: Principal = Depends(require("
         assert spec.params is not None
         check_targets(spec.params.lora_targets, version.location)
         check_chat_template(spec.format, version.location)
+        queue = capacity.route(session, spec, version, ArtifactStore(settings.artifact_root), settings)
         if spec.format == "chat":
             for what, records in (("forget", forget), ("retain", retain), ("holdout", holdout)):
                 refuse_text(records or [], what)
@@ -102,6 +107,7 @@ def submit(body: JobCreate, request: Request, who: Principal = Depends(require("
                       retain=retain if retain is not None else model.retain_records, holdout=holdout,
                       audit_options=body.audit.model_dump() if body.audit else None, mcu_options=mcu,
                       max_attempts=settings.max_attempts)
+        job.queue = queue
         session.add(job)
         session.flush()
         subjects = record_subjects(session, job, body.subjects or [])

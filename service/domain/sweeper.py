@@ -44,9 +44,10 @@ def sweep_once() -> list[str]:
                                       .where(Job.state.in_(("RUNNING", "CANCELLING")), Job.lease_expires_at < now)):
             fail_exhausted(session, job_id)
         due = jobs_to_resend(session, now - RESEND_QUEUED_AFTER, now)
+        queues = dict(session.execute(select(Job.id, Job.queue).where(Job.id.in_(due))).tuples().all()) if due else {}
     for job_id in due:
         try:
-            enqueue(job_id)
+            enqueue(job_id, queue=queues.get(job_id))
         except Exception:
             log.exception("re-sending job %s failed; next sweep tries again", job_id)
     return due

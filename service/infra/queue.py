@@ -45,8 +45,9 @@ def get_celery() -> Celery:
     return make_celery(get_settings())
 
 
-def enqueue(job_id: str, countdown: float | None = None) -> None:
-    get_celery().send_task(RUN_JOB, args=[job_id], queue=get_settings().queue, countdown=countdown)
+def enqueue(job_id: str, countdown: float | None = None, queue: str | None = None) -> None:
+    """Send the job to `queue` (the one it was routed to; None: the service's default queue)."""
+    get_celery().send_task(RUN_JOB, args=[job_id], queue=queue or get_settings().queue, countdown=countdown)
 
 
 def queue_depth() -> int | None:

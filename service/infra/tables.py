@@ -7,6 +7,7 @@ from datetime import datetime, timezone
 
 from sqlalchemy import (
     JSON,
+    BigInteger,
     Boolean,
     DateTime,
     ForeignKey,
@@ -125,6 +126,8 @@ class Job(Base):
     lease_expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
     heartbeat_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
     enqueued_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    # The broker queue the job was routed to (service.domain.capacity); None: the service's default queue.
+    queue: Mapped[str | None] = mapped_column(String(128), nullable=True)
     cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
     started_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
@@ -149,6 +152,19 @@ class ErasureSubject(Base):
     job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id"), index=True)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
     __table_args__ = (Index("ix_erasure_subjects_tenant_subject", "tenant", "subject_sha256"),)
+
+
+class WorkerDevice(Base):
+    """A worker process's device as it announces it (worker.devices): its queue, the memory a job may plan on and
+    what dtype "auto" means there. The API routes and refuses jobs by these rows; a worker that stops deletes its
+    own, and one not seen for LETHE_DEVICE_SEEN_SECONDS is ignored."""
+    __tablename__ = "worker_devices"
+    id: Mapped[str] = mapped_column(String(256), primary_key=True)  # host:pid of the worker process
+    queue: Mapped[str] = mapped_column(String(128), index=True)
+    device: Mapped[str] = mapped_column(String(64))
+    capacity_bytes: Mapped[int] = mapped_column(BigInteger)
+    auto_dtype: Mapped[str] = mapped_column(String(16))
+    seen_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
 
 
 class WebhookEndpoint(Base):

@@ -73,6 +73,8 @@ def service_env(tmp_path_factory):
         "LETHE_SWEEP_SECONDS": "1",
         "LETHE_MAX_BODY_BYTES": str(2 * 2**20),
         "LETHE_DEVICE": "cpu",
+        # The session worker announces 256 MiB (test_memory registers a model larger than that).
+        "LETHE_DEVICE_MEMORY_BYTES": str(256 * 2**20),
         # Webhooks to the tests' receiver on 127.0.0.1, retried within seconds (0.2, 0.4, ... 3.2 s: 6 attempts).
         "LETHE_WEBHOOK_ALLOW_PRIVATE": "true",
         "LETHE_WEBHOOK_BACKOFF_SECONDS": "0.2",

@@ -8,7 +8,7 @@ from service.infra.tables import Base
 from tests.service.conftest import create_pg_database, drop_pg_database, migrate, pg_url
 
 TABLES = {"api_keys", "models", "model_versions", "jobs", "idempotency_records", "audit_log", "retrain_references",
-          "connectivity", "erasure_subjects", "webhook_endpoints", "webhook_deliveries"}
+          "connectivity", "erasure_subjects", "webhook_endpoints", "webhook_deliveries", "worker_devices"}
 
 
 def schema_drift(url: str) -> list:
@@ -41,7 +41,7 @@ def test_upgrade_downgrade_upgrade(database, tmp_path):
         assert tables(url) == TABLES
         columns = {c["name"] for c in inspect(create_engine(url)).get_columns("jobs")}
         assert {"lease_owner", "lease_expires_at", "forget_evidence", "attempt", "max_attempts", "kind",
-                "mcu_options"} <= columns
+                "mcu_options", "queue"} <= columns
         assert set(Base.metadata.tables) == TABLES and schema_drift(url) == []
         migrate(url, "base", down=True)
         assert tables(url) == set()

@@ -32,18 +32,22 @@ def autocast(device: torch.device):
     return contextlib.nullcontext()
 
 
-def load_model(source: str | os.PathLike, device: torch.device):
-    """A model and tokenizer through from_pretrained: a local directory, or a hub id where a network exists."""
+def local_source(source: str | os.PathLike) -> str:
+    """A local directory as an absolute path (checked to exist), or a hub id unchanged."""
     source = str(source)
-    hf_logging.disable_progress_bar()  # callers show their own progress; stderr stays for errors
     looks_local = source.startswith((".", "/", "~")) or Path(source).exists()
     if looks_local:
         if not Path(source).expanduser().is_dir():
             raise EngineInputError(f"model {source!r}: no such directory", field="model")
         source = str(Path(source).expanduser())
+    return source
+
+
+def load_tokenizer(source: str | os.PathLike):
+    """The tokenizer through from_pretrained, with an EOS token and a pad token."""
+    source = local_source(source)
     try:
         tokenizer = AutoTokenizer.from_pretrained(source)
-        model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32)
     except (OSError, ValueError) as exc:
         raise EngineInputError(f"model {source!r}: cannot be loaded ({str(exc).splitlines()[0]})",
                                field="model") from None
@@ -51,13 +55,45 @@ def load_model(source: str | os.PathLike, device: torch.device):
         raise EngineInputError(f"model {source!r}: the tokenizer has no EOS token", field="model")
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token  # padding is masked everywhere, so any id will do
+    return tokenizer
+
+
+def load_weights(source: str | os.PathLike, device: torch.device, dtype: torch.dtype = torch.float32):
+    """The model through from_pretrained, on `device` in `dtype`, in eval mode."""
+    source = local_source(source)
+    hf_logging.disable_progress_bar()  # callers show their own progress; stderr stays for errors
+    try:
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype)
+    except (OSError, ValueError) as exc:
+        raise EngineInputError(f"model {source!r}: cannot be loaded ({str(exc).splitlines()[0]})",
+                               field="model") from None
     # Dropout stays off throughout: pi_0 must be exact and the stop rule's V deterministic.
     model.to(device).eval()  # type: ignore[arg-type]  # transformers types .to() for its own wrappers
-    return model, tokenizer
+    return model
+
+
+def load_model(source: str | os.PathLike, device: torch.device, dtype: torch.dtype = torch.float32):
+    """A model and tokenizer through from_pretrained: a local directory, or a hub id where a network exists."""
+    tokenizer = load_tokenizer(source)
+    return load_weights(source, device, dtype), tokenizer
+
+
+def load_config(source: str | os.PathLike):
+    from transformers import AutoConfig
+
+    try:
+        return AutoConfig.from_pretrained(local_source(source))
+    except (OSError, ValueError) as exc:
+        raise EngineInputError(f"model {source!r}: cannot be loaded ({str(exc).splitlines()[0]})",
+                               field="model") from None
 
 
 def context_length(model, tokenizer, requested: int = 0) -> int:
-    limits = [n for n in (getattr(model.config, "max_position_embeddings", 0), requested) if n]
+    return config_context_length(model.config, requested)
+
+
+def config_context_length(config, requested: int = 0) -> int:
+    limits = [n for n in (getattr(config, "max_position_embeddings", 0), requested) if n]
     return min(limits) if limits else 2048
 
 
@@ -89,6 +125,8 @@ def behaves_linear(module: torch.nn.Linear) -> bool:
     if type(module).forward is torch.nn.Linear.forward:
         return True
     weight = module.weight
+    if weight.is_meta:  # planning on the meta device: counted as linear (the estimate errs on the large side)
+        return True
     probe = torch.randn(2, module.in_features, dtype=weight.dtype, device=weight.device,
                         generator=torch.Generator(device=weight.device).manual_seed(0))
     try:
@@ -139,8 +177,9 @@ class Policy:
     """The model being unlearned, and pi_0: adapters disabled (LoRA) or a frozen copy (full)."""
 
     def __init__(self, model, *, lora: bool, r: int = 16, alpha: int = 32, dropout: float = 0.0,
-                 targets="auto"):
+                 targets="auto", reference_dtype: torch.dtype | None = None):
         self.lora = lora
+        self.checkpointed: list = []
         self.adapted: list[str] = []
         if lora:
             from peft import LoraConfig, get_peft_model
@@ -157,7 +196,16 @@ class Policy:
         else:
             self.model = model
             self.frozen = copy.deepcopy(model).requires_grad_(False).eval()
+            if reference_dtype is not None:
+                self.frozen.to(reference_dtype)  # only read: half precision holds it in half the memory
         self.model.eval()
+
+    def checkpoint_activations(self) -> int:
+        """Gradient checkpointing: each decoder block recomputes its activations in the backward pass."""
+        from worker.engine.checkpointing import checkpoint_blocks
+
+        self.checkpointed = checkpoint_blocks(self.model)
+        return len(self.checkpointed)
 
     def describe(self) -> dict:
         """What was adapted, for the result: module kinds by name and how many."""
@@ -201,10 +249,26 @@ class Policy:
             raise RuntimeError("the policy's frozen copy is gone: merged() was called")
         return self.frozen(**kwargs)
 
-    def merged(self):
-        """The plain transformers model with any LoRA update merged in (the policy is spent after)."""
+    def merged(self, dtype: torch.dtype | None = None):
+        """The plain transformers model with any LoRA update merged in, in `dtype` (the checkpoint's own; None:
+        as trained). A half-precision base is raised to `dtype` module by module before its update is added, so an
+        update smaller than half precision's step is not rounded away. The policy is spent after."""
+        from worker.engine.checkpointing import restore_blocks
+
         self.frozen = None
-        return self.model.merge_and_unload() if self.lora else self.model
+        restore_blocks(self.checkpointed)
+        if not self.lora:
+            return self.model.to(dtype) if dtype is not None else self.model
+        if dtype is None or all(p.dtype == dtype for p in self.model.parameters() if not p.requires_grad):
+            return self.model.merge_and_unload()
+        from peft.tuners.lora import LoraLayer
+
+        for module in self.model.modules():
+            if isinstance(module, LoraLayer):
+                base = module.get_base_layer()
+                base.to(dtype)
+                module.merge()
+        return self.model.unload().to(dtype)
 
 
 def _mostly_conv1d(model, names: list[str]) -> bool:

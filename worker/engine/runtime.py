@@ -4,10 +4,13 @@ from __future__ import annotations
 import platform
 import random
 import subprocess
+import weakref
 from importlib import metadata
 from pathlib import Path
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
 
 
 def seed_everything(seed: int) -> None:
@@ -41,6 +44,41 @@ class PeakMemory:
                 kind = "cpu_peak_rss" if self.resettable else "cpu_peak_rss_since_process_start"
                 return {"bytes": int(line.split()[1]) * 1024, "kind": kind}
         return {"bytes": None, "kind": "unavailable"}
+
+
+class TensorMemory(TorchDispatchMode):
+    """The bytes held by live tensors, and their peak, while the mode is on: every storage an operator returns
+    is counted once (views share it) until it is freed. On CPU this is what CUDA's allocator peak is on a GPU:
+    weights, adapters, gradients, optimiser state and activations, without the Python process around them.
+    Costs a Python call per operator: for benchmarks and tests, not for jobs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.live: dict[int, int] = {}
+        self.current = 0
+        self.peak = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for value in tree_flatten(out)[0]:
+            if isinstance(value, torch.Tensor) and value.device.type != "meta":
+                self._count(value.untyped_storage())
+        return out
+
+    def _count(self, storage: torch.UntypedStorage) -> None:
+        key = storage.data_ptr()
+        if key == 0 or key in self.live:
+            return
+        self.live[key] = storage.nbytes()
+        self.current += storage.nbytes()
+        self.peak = max(self.peak, self.current)
+        weakref.finalize(storage, self._free, key)
+
+    def _free(self, key: int) -> None:
+        self.current -= self.live.pop(key, 0)
+
+    def reset_peak(self) -> None:
+        self.peak = self.current
 
 
 def library_versions() -> dict:

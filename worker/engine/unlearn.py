@@ -37,21 +37,24 @@ def stop_policy(method: Method, run: Prepared, params: SharedParams) -> OnlineRu
 def run_unlearning(model_source: str, forget: list[dict], retain: list[dict] | None = None, *,
                    params: SharedParams | None = None, holdout: list[dict] | None = None, device: str | None = None,
                    progress: Callable[[dict], None] | None = None,
-                   should_cancel: Callable[[], bool] | None = None, format: str = "plain") -> UnlearnOutcome:
-    """`format`: "plain" (prompt + completion as one string) or "chat" (the tokenizer's chat template)."""
+                   should_cancel: Callable[[], bool] | None = None, format: str = "plain",
+                   memory_limit: int | None = None) -> UnlearnOutcome:
+    """`format`: "plain" (prompt + completion as one string) or "chat" (the tokenizer's chat template).
+    `memory_limit`: bytes the run may plan to use (None: what the device holds); over it, DoesNotFit at once."""
     if params is None:
         params = get_method("masc").parse()
     method = get_method(params.method)
-    run = prepare(model_source, forget, retain, params, device, holdout=holdout, format=format)
+    objective_class = method.objective_class()
+    run = prepare(model_source, forget, retain, params, device, holdout=holdout, format=format,
+                  memory_limit=memory_limit, objective=objective_class)
     stop = stop_policy(method, run, params)
     params = stop.params  # MASC decides its secret focus from the records
-    objective_class = method.objective_class()
-    policy = build_policy(run.model, params, objective_class)
+    policy = build_policy(run.model, params, objective_class, run.precision)
     objective = objective_class(params, policy, run.tokenizer.pad_token_id)
     stop.start(objective)
     trained = train(objective, stop, policy.trainable_parameters(), lr=params.lr,
                     weight_decay=params.weight_decay, grad_clip=params.grad_clip,
-                    device=run.device, started=run.started, should_cancel=should_cancel, progress=progress)
+                    precision=run.precision, started=run.started, should_cancel=should_cancel, progress=progress)
     measured = stop.finish(trained.stop_reason)
     if progress is not None and trained.stop_reason != "cancelled":
         # One more report, so that the last V a client sees is the one measured at the stop.
@@ -60,7 +63,7 @@ def run_unlearning(model_source: str, forget: list[dict], retain: list[dict] | N
                   "losses": {k: v for k, v in last.items() if k not in ("step", "forget_rows")},
                   "violation_rate": measured.final_violation_rate, "alpha": stop.alpha,
                   "elapsed": time.perf_counter() - run.started})
-    merged = policy.merged() if trained.stop_reason != "cancelled" else None
+    merged = policy.merged(run.saved_dtype) if trained.stop_reason != "cancelled" else None
     timing = Timing(wall_seconds=time.perf_counter() - run.started, load_seconds=trained.loop_started - run.started,
                     loop_seconds=trained.loop_seconds, stop_check_seconds=stop.stop_check_seconds,
                     calibration_seconds=stop.calibration_seconds)
@@ -70,6 +73,9 @@ def run_unlearning(model_source: str, forget: list[dict], retain: list[dict] | N
         seed=params.seed, params=params.as_dict(), versions=library_versions(),
         truncated=[{"id": r.id, "dropped_prompt_tokens": r.truncated_tokens}
                    for r in run.forget + run.retain if r.truncated_tokens],
-        timing=timing, peak_memory=run.memory.read(), format=format,
+        timing=timing, peak_memory={**run.memory.read(), "estimate_bytes": run.memory_plan.peak_bytes,
+                                    "estimate": run.memory_plan.parts}, format=format,
+        precision={**run.precision.describe(), "gradient_checkpointing": params.gradient_checkpointing,
+                   "checkpoint_dtype": str(run.saved_dtype).removeprefix("torch.")},
         documents=document_summary([r.source for r in run.forget], measured.per_record))
     return UnlearnOutcome(result=result, model=merged, tokenizer=run.tokenizer)

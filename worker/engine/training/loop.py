@@ -11,7 +11,7 @@ from typing import Any, Protocol
 
 import torch
 
-from worker.engine.loading import autocast
+from worker.engine.precision import Precision
 from worker.engine.records import Batch
 
 
@@ -60,11 +60,13 @@ class Trained:
 
 
 def train(objective: Any, stop: StopPolicy, parameters: list[torch.nn.Parameter], *, lr: float, weight_decay: float,
-          grad_clip: float, device: torch.device, started: float, should_cancel: Callable[[], bool] | None = None,
+          grad_clip: float, precision: Precision, started: float, should_cancel: Callable[[], bool] | None = None,
           progress: Callable[[dict], None] | None = None) -> Trained:
     """Train `parameters` with AdamW on the objective's loss over the stop policy's batches until it stops or
-    `should_cancel` says so."""
+    `should_cancel` says so; forward passes in the run's precision (autocast in full mode, a scaled loss in
+    float16)."""
     optimiser = torch.optim.AdamW(parameters, lr=lr, weight_decay=weight_decay)
+    scaler = precision.scaler()
     schedule = stop.schedule(optimiser)
     loop_started = time.perf_counter()
     step, loss_trace = 0, []
@@ -76,13 +78,20 @@ def train(objective: Any, stop: StopPolicy, parameters: list[torch.nn.Parameter]
             break
         parts: dict[str, float] = {}
         for forget_batch, retain_batch in stop.batches(step):
-            with autocast(device):
+            with precision.autocast():
                 loss, parts = objective.loss(forget_batch, retain_batch)
             stop.observe(objective)
-            (loss / stop.accumulate).backward()
+            scaled = loss / stop.accumulate
+            (scaler.scale(scaled) if scaler is not None else scaled).backward()
+        if scaler is not None:
+            scaler.unscale_(optimiser)
         if grad_clip:
             torch.nn.utils.clip_grad_norm_(parameters, grad_clip)
-        optimiser.step()
+        if scaler is not None:
+            scaler.step(optimiser)  # skipped where the scaled gradients overflowed
+            scaler.update()
+        else:
+            optimiser.step()
         if schedule is not None:
             schedule.step()
         optimiser.zero_grad(set_to_none=True)

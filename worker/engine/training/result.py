@@ -70,6 +70,7 @@ class UnlearnResult:
     truncated: list[dict]
     timing: Timing
     peak_memory: dict = field(default_factory=dict)
+    precision: dict = field(default_factory=dict)  # what was held in which dtype (worker.engine.precision)
     format: str = "plain"  # how records were shown to the model: as they are, or in its chat template
     documents: list[dict] = field(default_factory=list)  # long documents split into windows, and their state
 
@@ -101,7 +102,7 @@ class UnlearnResult:
         if out.get("violation_yardstick", ()) is None:
             del out["violation_yardstick"]
         return {**out, "timing": self.timing.as_dict(), "wall_seconds": self.timing.wall_seconds,
-                "peak_memory": self.peak_memory}
+                "peak_memory": self.peak_memory, "precision": self.precision}
 
 
 @dataclass

@@ -10,8 +10,17 @@ import torch
 
 from worker.engine.chat import check_format, render
 from worker.engine.documents import split_documents
-from worker.engine.loading import Policy, context_length, load_model, resolve_device
+from worker.engine.loading import (
+    Policy,
+    config_context_length,
+    load_config,
+    load_tokenizer,
+    load_weights,
+    resolve_device,
+)
+from worker.engine.memory_check import DoesNotFit, MemoryPlan, device_capacity, plan_run
 from worker.engine.param_base import SharedParams
+from worker.engine.precision import Precision, resolve_precision, stored_dtype
 from worker.engine.records import EncodedRecord, encode_records, normalise_records
 from worker.engine.runtime import PeakMemory, seed_everything
 
@@ -29,12 +38,17 @@ class Prepared:
     retain: list[EncodedRecord]
     holdout: list[dict]  # records the model never saw, as the model sees them (rendered in chat format)
     max_length: int
+    precision: Precision
+    saved_dtype: torch.dtype  # the checkpoint's own dtype, which the unlearned one keeps
+    memory_plan: MemoryPlan
 
 
 def prepare(model_source: str, forget: list[dict], retain: list[dict] | None, params: SharedParams,
-            device: str | None, *, holdout: list[dict] | None = None, format: str = "plain") -> Prepared:
-    """Checked records, seeds, the device, the model, tokens; `format` "chat" renders the records with the
-    tokenizer's chat template (worker.engine.chat)."""
+            device: str | None, *, holdout: list[dict] | None = None, format: str = "plain",
+            memory_limit: int | None = None, objective: type | None = None) -> Prepared:
+    """Checked records, seeds, the device, tokens, the memory plan, the model; `format` "chat" renders the records
+    with the tokenizer's chat template (worker.engine.chat). A run whose planned peak exceeds `memory_limit`
+    (bytes; None: what the device holds) raises DoesNotFit before the weights are loaded."""
     check_format(format)
     forget = normalise_records(forget, "forget")
     retain = normalise_records(retain or [], "retain", allow_empty=True)
@@ -43,8 +57,11 @@ def prepare(model_source: str, forget: list[dict], retain: list[dict] | None, pa
     dev = resolve_device(device)
     memory = PeakMemory(dev)
     started = time.perf_counter()
-    model, tokenizer = load_model(model_source, dev)
-    max_length = context_length(model, tokenizer, params.max_length)
+    precision = resolve_precision(params.dtype, dev, lora=params.lora)
+    config = load_config(model_source)
+    saved_dtype = stored_dtype(config)  # read before loading: loading in another dtype rewrites the config
+    tokenizer = load_tokenizer(model_source)
+    max_length = config_context_length(config, params.max_length)
     # As the model sees them: in its chat template where asked, long documents as windows of its context.
     forget, retain, holdout = (split_documents(render(records, tokenizer, format, what), tokenizer, max_length, what)
                                for records, what in ((forget, "forget"), (retain, "retain"), (holdout, "holdout")))
@@ -52,21 +69,30 @@ def prepare(model_source: str, forget: list[dict], retain: list[dict] | None, pa
     def encode(records: list[dict], what: str) -> list[EncodedRecord]:
         return encode_records(records, tokenizer, max_length=max_length, seed=params.seed, what=what)
 
-    return Prepared(dev, memory, started, model, tokenizer, encode(forget, "forget"), encode(retain, "retain"),
-                    holdout, max_length)
+    encoded_forget, encoded_retain = encode(forget, "forget"), encode(retain, "retain")
+    capacity = memory_limit if memory_limit is not None else device_capacity(dev)
+    plan = plan_run(config, params, precision, encoded_forget, encoded_retain, capacity, objective)
+    if not plan.fits:
+        raise DoesNotFit(plan)
+    model = load_weights(model_source, dev, precision.load_dtype)
+    return Prepared(dev, memory, started, model, tokenizer, encoded_forget, encoded_retain, holdout, max_length,
+                    precision, saved_dtype, plan)
 
 
-def build_policy(model: Any, params: SharedParams, objective: type) -> Policy:
+def build_policy(model: Any, params: SharedParams, objective: type, precision: Precision | None = None) -> Policy:
     """LoRA on the usual targets (or full fine-tuning), unless the objective names the modules it trains
-    (`trainable_modules`, RMU's MLP output projections): then LoRA on those, or full training of those alone."""
+    (`trainable_modules`, RMU's MLP output projections): then LoRA on those, or full training of those alone.
+    Full mode in half precision holds pi_0's frozen copy in it; gradient checkpointing wraps the blocks."""
     chooser = getattr(objective, "trainable_modules", None)
-    if chooser is None:
-        return Policy(model, lora=params.lora, r=params.lora_r, alpha=params.lora_alpha,
-                      dropout=params.lora_dropout, targets=params.lora_targets)
-    targets = chooser(model, params)
+    targets = params.lora_targets if chooser is None else chooser(model, params)
+    reference_dtype = precision.reference_dtype if precision is not None and precision.half else None
     if params.lora:
-        return Policy(model, lora=True, r=params.lora_r, alpha=params.lora_alpha, dropout=params.lora_dropout,
-                      targets=targets)
-    policy = Policy(model, lora=False)
-    policy.restrict_training(targets)
+        policy = Policy(model, lora=True, r=params.lora_r, alpha=params.lora_alpha, dropout=params.lora_dropout,
+                        targets=targets)
+    else:
+        policy = Policy(model, lora=False, reference_dtype=reference_dtype)
+        if chooser is not None:
+            policy.restrict_training(list(targets))
+    if params.gradient_checkpointing:
+        policy.checkpoint_activations()
     return policy
