@@ -46,7 +46,7 @@ def demo_model(settings) -> str:
 
     from service.domain.lineage import add_version
     from service.domain.sources import copy_source
-    from service.infra.artifacts import ArtifactStore
+    from service.infra.artifacts import artifact_store
     from service.infra.db import session_scope
     from service.infra.tables import Model, new_id
     from worker.engine.fixture import FixtureConfig, build_fixture
@@ -74,7 +74,7 @@ def demo_model(settings) -> str:
         session.add(model)
         session.flush()
         location = f"models/{model.id}/v1"
-        manifest = copy_source(settings, ArtifactStore(settings.artifact_root), str(directory), location)
+        manifest = copy_source(settings, artifact_store(settings), str(directory), location)
         add_version(session, model, location=location, manifest=manifest, parent=None, job_id=None,
                     request_id=None, tags=["source"])
         return model.id

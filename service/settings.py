@@ -23,6 +23,10 @@ class Settings(BaseSettings):
     import_roots: list[str] = [str(HOME / "imports")]
     # s3:// model sources: only these buckets (none by default), read with the server's credentials.
     s3_buckets: list[str] = []
+    # An S3-compatible endpoint (MinIO, R2, ...) for s3:// artifact roots and sources; None: AWS's own. Credentials
+    # come from the usual AWS_* variables or files.
+    s3_endpoint_url: str | None = None
+    s3_part_bytes: int = 50 * 2**20  # a file larger than this is uploaded in parts of this size (S3's least: 5 MiB)
     max_source_bytes: int = 512 * 2**30  # a model source larger than this is refused before copying
     admin_key: str | None = None
     # Signs the audit log's checkpoints; never stored in the database. Unset: a key file made once beside

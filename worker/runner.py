@@ -12,7 +12,7 @@ from service.domain import audit_log, connectivity
 from service.domain.errors import Problem
 from service.domain.jobs import acquire_lease, end_job, fail_exhausted, still_ours
 from service.domain.lineage import add_version, get_model, get_version, lock_model, missing_erasures
-from service.infra.artifacts import ArtifactStore
+from service.infra.artifacts import ArtifactStore, artifact_store
 from service.infra.db import session_scope
 from service.infra.queue import enqueue
 from service.infra.tables import Job, ModelVersion, utcnow
@@ -61,7 +61,7 @@ def _execute(work: Work, keeper: LeaseKeeper, settings: Settings) -> str:
     from worker.engine.memory_check import DoesNotFit
     from worker.engine.unlearn import run_unlearning
 
-    store = ArtifactStore(settings.artifact_root)
+    store = artifact_store(settings)
     try:
         with tempfile.TemporaryDirectory(prefix="lethe-") as tmp:
             if work.kind == "connectivity":

@@ -20,7 +20,7 @@ from service.domain.checkpoints import check_chat_template, check_targets
 from service.domain.errors import Problem, invalid, not_found
 from service.domain.jobs import check_quota, get_job, job_view, log_state, new_job, request_cancel
 from service.domain.subjects import record_subjects
-from service.infra.artifacts import ArtifactStore
+from service.infra.artifacts import artifact_store
 from service.infra.db import INJECTED, session_scope, transactional
 from service.infra.queue import enqueue
 from service.infra.tables import JOB_STATES, TERMINAL, Job, Model, utcnow
@@ -94,7 +94,7 @@ def submit(body: JobCreate, request: Request, who: Principal = Depends(require("
         assert spec.params is not None
         check_targets(spec.params.lora_targets, version.location)
         check_chat_template(spec.format, version.location)
-        queue = capacity.route(session, spec, version, ArtifactStore(settings.artifact_root), settings)
+        queue = capacity.route(session, spec, version, artifact_store(settings), settings)
         if spec.format == "chat":
             for what, records in (("forget", forget), ("retain", retain), ("holdout", holdout)):
                 refuse_text(records or [], what)

@@ -17,7 +17,7 @@ from service.domain import lineage
 from service.domain.checkpoints import check_chat_template
 from service.domain.errors import Problem, invalid, not_found
 from service.domain.sources import copy_source
-from service.infra.artifacts import STREAM_CHUNK, ArtifactStore
+from service.infra.artifacts import STREAM_CHUNK, ArtifactStore, artifact_store
 from service.infra.db import INJECTED, transactional
 from service.infra.tables import Model, ModelVersion, new_id
 from service.settings import get_settings
@@ -29,7 +29,7 @@ router = APIRouter(prefix="/v1/models", tags=["models"])
 
 def store() -> ArtifactStore:
     """The artifact store the settings name."""
-    return ArtifactStore(get_settings().artifact_root)
+    return artifact_store(get_settings())
 
 
 def model_out(session: Session, model: Model) -> dict:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from service.infra.artifacts import ArtifactStore
+from service.infra.artifacts import artifact_store
 from service.settings import get_settings
 from worker.engine.chat import checkpoint_has_chat_template
 from worker.engine.errors import EngineInputError
@@ -13,7 +13,7 @@ from worker.engine.targets import check_requested, checkpoint_inventory
 
 
 def local_directory(location: str) -> Path | None:
-    directory = ArtifactStore(get_settings().artifact_root).local_path(location)
+    directory = artifact_store(get_settings()).local_path(location)
     return directory if directory is not None and directory.is_dir() else None
 
 

@@ -15,7 +15,7 @@ import tempfile
 from pathlib import Path
 
 from service.domain.errors import Problem, invalid
-from service.infra.artifacts import ArtifactStore, safe_relative
+from service.infra.artifacts import ArtifactStore, safe_relative, url_to_fs
 from service.settings import Settings
 
 BUCKET = re.compile(r"^s3://([a-z0-9][a-z0-9.\-]{1,61}[a-z0-9])(/.*)?$")
@@ -65,9 +65,7 @@ def _copy_s3(settings: Settings, store: ArtifactStore, source: str, prefix: str)
         raise invalid(f"source {source!r}: bucket {match.group(1)!r} is not one this service may read "
                       "(LETHE_S3_BUCKETS)", "source")
     try:
-        import fsspec
-
-        fs, root = fsspec.core.url_to_fs(source)
+        fs, root = url_to_fs(source, settings)
         if not fs.isdir(root):
             raise invalid(f"source {source!r} is not a directory", "source")
         paths = sorted(p for p in fs.find(root) if fs.isfile(p))

@@ -26,9 +26,28 @@ def manifest_sha256(manifest: list[dict]) -> str:
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
+def s3_options(settings) -> dict:
+    """fsspec's options for s3:// URLs: an S3-compatible endpoint (MinIO, moto, R2) where one is set, and the part
+    size of multipart uploads (a file larger than one part is uploaded in parts)."""
+    options: dict = {"default_block_size": settings.s3_part_bytes}
+    if settings.s3_endpoint_url:
+        options["client_kwargs"] = {"endpoint_url": settings.s3_endpoint_url}
+    return options
+
+
+def url_to_fs(url: str, settings) -> tuple:
+    """fsspec's filesystem and path for a URL, with the service's S3 options where it is s3://."""
+    return fsspec.core.url_to_fs(url, **(s3_options(settings) if url.startswith("s3://") else {}))
+
+
+def artifact_store(settings) -> ArtifactStore:
+    return ArtifactStore(settings.artifact_root, s3_options(settings) if settings.artifact_root.startswith("s3://")
+                         else None)
+
+
 class ArtifactStore:
-    def __init__(self, root: str):
-        self.fs, self.root = fsspec.core.url_to_fs(root)
+    def __init__(self, root: str, storage_options: dict | None = None):
+        self.fs, self.root = fsspec.core.url_to_fs(root, **(storage_options or {}))
         self.is_local = "file" in self.fs.protocol
         if self.is_local:
             Path(self.root).mkdir(parents=True, exist_ok=True)
