@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install run demo lint test test-fast bench bench-forgetting bench-sequential bench-engine bench-service bench-audit bench-mcu clean
+.PHONY: install run demo lint test test-fast bench bench-forgetting bench-sequential bench-engine bench-service bench-audit bench-mcu bench-precision bench-gpu clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -60,6 +60,16 @@ bench-audit: $(STAMP)
 # Mode connectivity: the cost of a curve against the unlearning's, and barriers along ten requests.
 bench-mcu: $(STAMP)
 	$(PY) -m bench.bench_mcu
+
+# Every precision mode (float32/bfloat16 LoRA, gradient checkpointing, full mixed precision) on mini-TOFU: peak
+# tensor memory, step time, the memory plan's estimate and the forgetting figures (issue 15).
+bench-precision: $(STAMP)
+	$(PY) -m bench.bench_precision
+
+# On a GPU: a 113 M-parameter model memorising all of TOFU, MASC against GradDiff, NPO+KL and SimNPO (about 8 min
+# on an H200). `$(PY) -m bench.bench_gpu --reduced` runs the same script on CPU in a minute (the suite does).
+bench-gpu: $(STAMP)
+	$(PY) -m bench.bench_gpu
 
 bench-service: $(STAMP)
 	command -v wrk >/dev/null || (apt-get update -qq && apt-get install -y -qq wrk)

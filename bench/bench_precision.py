@@ -32,7 +32,6 @@ MODES = [  # (label, parameters)
     ("LoRA float32 (before this change)", {"dtype": "float32"}),
     ("LoRA bfloat16", {"dtype": "bfloat16"}),
     ("LoRA bfloat16 + gradient checkpointing", {"dtype": "bfloat16", "gradient_checkpointing": True}),
-    ("LoRA float16", {"dtype": "float16"}),
     ("full float32", {"dtype": "float32", "lora": False}),
     ("full bfloat16 (mixed)", {"dtype": "bfloat16", "lora": False}),
     ("full bfloat16 (mixed) + gradient checkpointing", {"dtype": "bfloat16", "lora": False,

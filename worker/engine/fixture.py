@@ -4,6 +4,7 @@ it has memorised their completions, saved with save_pretrained so that it loads 
 as any Hugging Face model."""
 from __future__ import annotations
 
+import contextlib
 import json
 import random
 import time
@@ -46,6 +47,9 @@ class FixtureConfig:
     batch_size: int = 16
     arch: str = "qwen2"  # any causal-LM model type of the installed transformers
     split: str = "auto"  # pre-tokenisation: "digits" (Qwen2's), "gpt2" (digit runs kept), "auto" by arch
+    device: str = "cpu"  # "cuda": trained on the GPU, under bfloat16 autocast (bench.bench_gpu)
+    intermediate_size: int = 0  # 0: the architecture's default for the hidden size
+    max_seconds: float = 0.0  # stop after the epoch that passes this (0: no limit); the summary says how far it got
 
     def pre_tokenisation(self) -> str:
         if self.split != "auto":
@@ -76,7 +80,8 @@ def train_tokenizer(records: list[dict], vocab_size: int, split: str = "digits")
 def build_model(tokenizer, cfg: FixtureConfig):
     """A randomly initialised model of the family `cfg.arch`, sized by `cfg`."""
     size = Size(vocab_size=len(tokenizer), hidden_size=cfg.hidden_size, layers=cfg.layers, heads=cfg.heads,
-                kv_heads=max(1, cfg.heads // 2), intermediate_size=cfg.hidden_size * 3, context=cfg.context)
+                kv_heads=max(1, cfg.heads // 2), intermediate_size=cfg.intermediate_size or cfg.hidden_size * 3,
+                context=cfg.context)
     try:
         config = tiny_config(cfg.arch, size, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
     except ValueError as exc:
@@ -98,7 +103,9 @@ def build_fixture(records: list[dict], out: str | Path, cfg: FixtureConfig | Non
     started = time.perf_counter()
     tokenizer = train_tokenizer(normalise_records(tokenizer_records, "tokenizer") if tokenizer_records else records,
                                 cfg.vocab_size, cfg.pre_tokenisation())
-    model = build_model(tokenizer, cfg)
+    device = torch.device(cfg.device)
+    model = build_model(tokenizer, cfg).to(device)
+    amp = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else contextlib.nullcontext()
     encoded = encode_records(records, tokenizer, max_length=cfg.context, seed=cfg.seed, what="fixture")
     optimiser = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
     # Warm up, then decay linearly to a tenth by the last allowed epoch: a fixed lr stalls short of
@@ -115,8 +122,9 @@ def build_fixture(records: list[dict], out: str | Path, cfg: FixtureConfig | Non
         rng.shuffle(order)
         correct = total = 0
         for start in range(0, len(order), cfg.batch_size):
-            batch = collate(order[start:start + cfg.batch_size], pad)
-            logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False).logits
+            batch = collate(order[start:start + cfg.batch_size], pad).to(device)
+            with amp:
+                logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False).logits
             z, y, _ = active_positions(logits, batch.labels)
             loss = token_nll(z, y)
             correct += (z.argmax(-1) == y).sum().item()
@@ -133,13 +141,16 @@ def build_fixture(records: list[dict], out: str | Path, cfg: FixtureConfig | Non
             memorised = memorised_fraction(model, encoded, pad)
             if memorised == 1.0:
                 break
+        if cfg.max_seconds and time.perf_counter() - started > cfg.max_seconds:
+            log(f"stopping after epoch {epoch}: max_seconds {cfg.max_seconds} passed")
+            break
     model.eval()
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)
     # Measured on what from_pretrained gives back, tokenizer included: the figure users will see.
-    reloaded, reloaded_tokenizer = load_model(out, torch.device("cpu"))
+    reloaded, reloaded_tokenizer = load_model(out, device)
     memorised = memorised_fraction(reloaded, encode_records(records, reloaded_tokenizer, max_length=cfg.context,
                                                             seed=cfg.seed, what="fixture"), pad)
     summary = {"records": len(encoded), "epochs": epochs_run, "memorised_fraction": memorised,
@@ -156,7 +167,9 @@ def memorised_fraction(model, encoded, pad: int) -> float:
     was_training = model.training
     model.eval()
     hits = 0
+    device = next(model.parameters()).device
     for batch in batches(encoded, 32, pad):
+        batch = batch.to(device)
         logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False).logits
         right = (logits[:, :-1].argmax(-1) == batch.labels[:, 1:]) | (batch.labels[:, 1:] < 0)
         hits += right.all(dim=1).sum().item()

@@ -180,6 +180,7 @@ class Policy:
                  targets="auto", reference_dtype: torch.dtype | None = None):
         self.lora = lora
         self.checkpointed: list = []
+        self.sharded = False
         self.adapted: list[str] = []
         if lora:
             from peft import LoraConfig, get_peft_model
@@ -199,6 +200,15 @@ class Policy:
             if reference_dtype is not None:
                 self.frozen.to(reference_dtype)  # only read: half precision holds it in half the memory
         self.model.eval()
+
+    def shard(self, device: torch.device) -> None:
+        """Full mode over several processes: FSDP on the trained model and on the frozen copy."""
+        from worker.engine import sharding
+
+        sharding.shard(self.model, device)
+        if self.frozen is not None:
+            sharding.shard(self.frozen, device)
+        self.sharded = True
 
     def checkpoint_activations(self) -> int:
         """Gradient checkpointing: each decoder block recomputes its activations in the backward pass."""
@@ -257,6 +267,10 @@ class Policy:
 
         self.frozen = None
         restore_blocks(self.checkpointed)
+        if self.sharded:
+            from worker.engine.sharding import gathered
+
+            return gathered(self.model, dtype)  # rank 0's; None on the other processes
         if not self.lora:
             return self.model.to(dtype) if dtype is not None else self.model
         if dtype is None or all(p.dtype == dtype for p in self.model.parameters() if not p.requires_grad):

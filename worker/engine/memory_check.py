@@ -67,7 +67,10 @@ def plan_run(config, params: SharedParams, precision: Precision, forget: list[En
              retain: list[EncodedRecord], capacity: int | None, objective: type | None = None) -> MemoryPlan:
     longest = max(len(r.input_ids) for r in [*forget, *retain])
     retain_rows = (getattr(params, "retain_batch_size", 0) or params.batch_size) if retain else 0
+    from worker.engine import sharding
+
+    shards = torch.distributed.get_world_size() if sharding.active() and not params.lora else 1
     work = Workload(dtype=precision.name, lora=precision.lora, train_rows=params.batch_size + retain_rows,
                     eval_rows=params.eval_batch_size, max_tokens=longest,
-                    gradient_checkpointing=params.gradient_checkpointing)
+                    gradient_checkpointing=params.gradient_checkpointing, shards=shards)
     return estimate(model_shape(config, params, objective), work, capacity)

@@ -59,6 +59,7 @@ class Workload:
     eval_rows: int
     max_tokens: int
     gradient_checkpointing: bool = False
+    shards: int = 1  # FSDP processes: full mode's weights, gradients, moments and frozen copy split among them
 
 
 @dataclass
@@ -90,8 +91,9 @@ def static_bytes(shape: ModelShape, work: Workload) -> dict[str, int]:
     if work.lora:
         return {"weights": shape.parameters * half, "adapters_and_optimiser": 16 * shape.adapter_parameters}
     trained = shape.parameters if shape.trainable_parameters is None else shape.trainable_parameters
-    return {"weights": shape.parameters * 4, "gradients_and_optimiser": 12 * trained,
-            "frozen_copy": shape.parameters * half}
+    n = work.shards
+    return {"weights": shape.parameters * 4 // n, "gradients_and_optimiser": 12 * trained // n,
+            "frozen_copy": shape.parameters * half // n}
 
 
 def activation_bytes(shape: ModelShape, work: Workload) -> dict[str, int]:

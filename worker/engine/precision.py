@@ -2,7 +2,8 @@
 passes run under autocast, whether the loss is scaled, and the dtype the checkpoint is saved in.
 
 - LoRA: the frozen base is held in `dtype`; peft keeps the adapters (and so their gradients and AdamW's moments)
-  in float32 and casts around them. Forward passes need no autocast.
+  in float32. Training's forward passes run under autocast in `dtype`, so that what the backward pass keeps of
+  each adapter's input is half too (peft alone would keep a float32 copy of it for every adapted module).
 - Full fine-tuning: the trained weights and AdamW's state stay float32 (bfloat16 weights would round away most
   updates of a small learning rate); forward passes run under autocast in `dtype`, and pi_0's frozen copy, which
   is only read, is held in `dtype`.
@@ -51,11 +52,18 @@ class Precision:
         """Full mode: pi_0's frozen copy (only read) is held in `dtype`."""
         return self.dtype
 
-    def autocast(self) -> contextlib.AbstractContextManager:
-        """Full mode in half precision runs its forward passes under autocast; LoRA's base is half already."""
-        if self.half and not self.lora:
-            return torch.autocast(self.device.type, dtype=self.dtype)
-        return contextlib.nullcontext()
+    def autocast(self, model=None) -> contextlib.AbstractContextManager:
+        """Training's forward passes in half precision: autocast (float32 weights are cast as they are used); with
+        LoRA, peft's own cast of each adapter's input to float32 is turned off meanwhile (autocast casts anyway)."""
+        if not self.half:
+            return contextlib.nullcontext()
+        stack = contextlib.ExitStack()
+        stack.enter_context(torch.autocast(self.device.type, dtype=self.dtype))
+        if self.lora and model is not None:
+            from peft.helpers import disable_input_dtype_casting
+
+            stack.enter_context(disable_input_dtype_casting(model))
+        return stack
 
     def scaler(self) -> torch.amp.GradScaler | None:
         """float16's gradients underflow without loss scaling; bfloat16 has float32's range."""

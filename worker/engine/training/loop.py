@@ -67,6 +67,7 @@ def train(objective: Any, stop: StopPolicy, parameters: list[torch.nn.Parameter]
     float16)."""
     optimiser = torch.optim.AdamW(parameters, lr=lr, weight_decay=weight_decay)
     scaler = precision.scaler()
+    model = getattr(getattr(objective, "policy", None), "model", None)
     schedule = stop.schedule(optimiser)
     loop_started = time.perf_counter()
     step, loss_trace = 0, []
@@ -78,7 +79,7 @@ def train(objective: Any, stop: StopPolicy, parameters: list[torch.nn.Parameter]
             break
         parts: dict[str, float] = {}
         for forget_batch, retain_batch in stop.batches(step):
-            with precision.autocast():
+            with precision.autocast(model):
                 loss, parts = objective.loss(forget_batch, retain_batch)
             stop.observe(objective)
             scaled = loss / stop.accumulate

@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from worker.engine import sharding
 from worker.engine.chat import check_format, render
 from worker.engine.documents import split_documents
 from worker.engine.loading import (
@@ -74,7 +75,9 @@ def prepare(model_source: str, forget: list[dict], retain: list[dict] | None, pa
     plan = plan_run(config, params, precision, encoded_forget, encoded_retain, capacity, objective)
     if not plan.fits:
         raise DoesNotFit(plan)
-    model = load_weights(model_source, dev, precision.load_dtype)
+    # Sharded, each process loads on the host and FSDP moves its shard to the device.
+    model = load_weights(model_source, torch.device("cpu") if sharding.active() and not params.lora else dev,
+                         precision.load_dtype)
     return Prepared(dev, memory, started, model, tokenizer, encoded_forget, encoded_retain, holdout, max_length,
                     precision, saved_dtype, plan)
 
@@ -93,6 +96,8 @@ def build_policy(model: Any, params: SharedParams, objective: type, precision: P
         policy = Policy(model, lora=False, reference_dtype=reference_dtype)
         if chooser is not None:
             policy.restrict_training(list(targets))
+        if sharding.active():
+            policy.shard(precision.device if precision is not None else torch.device("cpu"))
     if params.gradient_checkpointing:
         policy.checkpoint_activations()
     return policy
