@@ -56,10 +56,8 @@ def run(job_id: str) -> str:
 
 
 def _execute(work: Work, keeper: LeaseKeeper, settings: Settings) -> str:
-    from worker.devices import memory_limit
     from worker.engine.loading import save_model
     from worker.engine.memory_check import DoesNotFit
-    from worker.engine.unlearn import run_unlearning
 
     store = artifact_store(settings)
     try:
@@ -73,22 +71,18 @@ def _execute(work: Work, keeper: LeaseKeeper, settings: Settings) -> str:
                 keeper.latest_progress = {k: p.get(k) for k in ("step", "max_steps", "violation_rate", "alpha",
                                                                  "losses")}
 
-            outcome = run_unlearning(str(source), work.forget, work.retain, holdout=work.holdout,
-                                     params=work.spec.params, device=settings.device, progress=progress,
-                                     should_cancel=keeper.should_stop, format=work.spec.format,
-                                     memory_limit=memory_limit(settings))
+            result, model, tokenizer = _unlearn(work, str(source), settings, progress, keeper, Path(tmp))
             if keeper.lost.is_set():
                 return "lease lost"  # another worker owns the job now; write nothing
-            result = outcome.result.as_dict()
             location = work.folder("model")
             manifest, audit, curves = None, None, []
-            if outcome.model is not None:
-                save_model(outcome.model, outcome.tokenizer, Path(tmp) / "out")
+            if model is not None:
+                save_model(model, tokenizer, Path(tmp) / "out")
                 (Path(tmp) / "out" / "README.md").write_text(model_card(work.card, result))
                 manifest = store.put_local_directory(Path(tmp) / "out", location)
-                audit = _audit(work, outcome, str(source), store, Path(tmp))
+                audit = _audit(work, model, tokenizer, str(source), store, Path(tmp))
                 if work.curves_from:
-                    outcome.model = None  # the curves load both ends themselves
+                    model = None  # the curves load both ends themselves
                     curves = measure_curves(work, str(Path(tmp) / "out"), store, Path(tmp), keeper, settings.device)
             finished = _finish(work, keeper, result, location, manifest, audit, curves)
             if finished == "lease lost" and manifest is not None:
@@ -106,6 +100,33 @@ def _execute(work: Work, keeper: LeaseKeeper, settings: Settings) -> str:
         return _fail(work.job_id, keeper, Problem(500, "job-failed", "Job failed", detail).body())
 
 
+def _unlearn(work: Work, source: str, settings: Settings, progress, keeper: LeaseKeeper, tmp: Path):
+    """The run: in one process, or, for full fine-tuning on a worker with several GPUs, FSDP over all of them (one
+    process each). Returns the result document and the merged model with its tokenizer (None when cancelled)."""
+    import torch
+
+    from worker.devices import memory_limit
+    from worker.engine.loading import load_model, resolve_device
+    from worker.engine.sharding import run_sharded
+    from worker.engine.unlearn import run_unlearning
+
+    params = work.spec.params
+    assert params is not None
+    gpus = torch.cuda.device_count() if resolve_device(settings.device).type == "cuda" else 0
+    if not params.lora and gpus > 1:
+        result = run_sharded(source, work.forget, work.retain, params=params, processes=gpus, workdir=tmp / "sharded",
+                             holdout=work.holdout, device="cuda", progress=progress, should_cancel=keeper.should_stop,
+                             format=work.spec.format, memory_limit=memory_limit(settings))
+        if not (tmp / "sharded" / "model").is_dir():
+            return result, None, None
+        model, tokenizer = load_model(tmp / "sharded" / "model", resolve_device(settings.device))
+        return result, model, tokenizer
+    outcome = run_unlearning(source, work.forget, work.retain, holdout=work.holdout, params=params,
+                             device=settings.device, progress=progress, should_cancel=keeper.should_stop,
+                             format=work.spec.format, memory_limit=memory_limit(settings))
+    return outcome.result.as_dict(), outcome.model, outcome.tokenizer
+
+
 def model_card(card: dict, result: dict) -> str:
     """The checkpoint's README: base model and lineage (SPEC section 7). Request ids, never records."""
     erased = "\n".join(f"- {r}" for r in card["erased"])
@@ -115,7 +136,7 @@ def model_card(card: dict, result: dict) -> str:
             f"{result['steps']} steps)\n\nErasure requests applied along this lineage:\n\n{erased}\n")
 
 
-def _audit(work: Work, outcome, source: str, store: ArtifactStore, tmp: Path) -> dict:
+def _audit(work: Work, model, tokenizer, source: str, store: ArtifactStore, tmp: Path) -> dict:
     """The evidence; an audit that fails is recorded as such and does not undo the unlearning."""
     from worker.engine.audit_run import run_audit
 
@@ -123,7 +144,7 @@ def _audit(work: Work, outcome, source: str, store: ArtifactStore, tmp: Path) ->
         reference = None
         if work.reference:
             reference = store.local_path(work.reference) or store.fetch_directory(work.reference, tmp / "reference")
-        return run_audit(source, outcome.model, outcome.tokenizer, work.forget, work.retain, work.holdout,
+        return run_audit(source, model, tokenizer, work.forget, work.retain, work.holdout,
                          options=work.audit_options, reference_source=str(reference) if reference else None,
                          seed=work.spec.params.seed if work.spec.params else 0, format=work.spec.format,
                          max_length=work.spec.params.max_length if work.spec.params else 0)

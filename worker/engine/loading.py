@@ -58,17 +58,22 @@ def load_tokenizer(source: str | os.PathLike):
     return tokenizer
 
 
-def load_weights(source: str | os.PathLike, device: torch.device, dtype: torch.dtype = torch.float32):
-    """The model through from_pretrained, on `device` in `dtype`, in eval mode."""
+def load_weights(source: str | os.PathLike, device: torch.device, dtype: torch.dtype = torch.float32,
+                 device_map: dict | None = None):
+    """The model through from_pretrained, on `device` (or placed by `device_map` over several) in `dtype`, in eval
+    mode."""
     source = local_source(source)
     hf_logging.disable_progress_bar()  # callers show their own progress; stderr stays for errors
     try:
-        model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype)
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, **({"device_map": device_map}
+                                                                              if device_map else {}))
     except (OSError, ValueError) as exc:
         raise EngineInputError(f"model {source!r}: cannot be loaded ({str(exc).splitlines()[0]})",
                                field="model") from None
+    if not device_map:
+        model.to(device)  # type: ignore[arg-type]  # transformers types .to() for its own wrappers
     # Dropout stays off throughout: pi_0 must be exact and the stop rule's V deterministic.
-    model.to(device).eval()  # type: ignore[arg-type]  # transformers types .to() for its own wrappers
+    model.eval()
     return model
 
 
@@ -261,8 +266,9 @@ class Policy:
 
     def merged(self, dtype: torch.dtype | None = None):
         """The plain transformers model with any LoRA update merged in, in `dtype` (the checkpoint's own; None:
-        as trained). A half-precision base is raised to `dtype` module by module before its update is added, so an
-        update smaller than half precision's step is not rounded away. The policy is spent after."""
+        as trained). A half-precision base is raised to float32 module by module before its update is added, so an
+        update smaller than half precision's step is not rounded away before the sum is. The policy is spent
+        after."""
         from worker.engine.checkpointing import restore_blocks
 
         self.frozen = None
@@ -273,14 +279,13 @@ class Policy:
             return gathered(self.model, dtype)  # rank 0's; None on the other processes
         if not self.lora:
             return self.model.to(dtype) if dtype is not None else self.model
-        if dtype is None or all(p.dtype == dtype for p in self.model.parameters() if not p.requires_grad):
-            return self.model.merge_and_unload()
+        if dtype is None or (dtype == torch.float32 and all(p.dtype == torch.float32 for p in self.model.parameters())):
+            return self.model.merge_and_unload()  # float32 throughout: peft's own merge
         from peft.tuners.lora import LoraLayer
 
         for module in self.model.modules():
             if isinstance(module, LoraLayer):
-                base = module.get_base_layer()
-                base.to(dtype)
+                module.get_base_layer().to(torch.float32)  # W + BA in float32, one rounding to dtype after
                 module.merge()
         return self.model.unload().to(dtype)
 

@@ -135,8 +135,9 @@ class SharedParams:
     lr: float = param(1e-4, "AdamW learning rate", gt=0, le=1)
     weight_decay: float = param(0.0, "AdamW weight decay", ge=0)
     # Memory (worker.engine.precision, worker.engine.checkpointing, worker.engine.memory_plan).
-    dtype: str = param("auto", "precision of the model in training: with LoRA the frozen base is held in it and the "
-                               "adapters and their optimiser state in float32; in full fine-tuning the trained "
+    dtype: str = param("auto", "precision of the model in training: with LoRA the frozen base is held in it, the "
+                               "adapters and their optimiser state in float32, forward passes under autocast; in full "
+                               "fine-tuning the trained "
                                "weights and optimiser state stay float32, forward passes run in it (mixed precision) "
                                "and the frozen copy is held in it; \"auto\": bfloat16 on a GPU (float16 where it "
                                "lacks bfloat16), float32 on CPU", choices=("auto", "float32", "bfloat16", "float16"))

@@ -73,13 +73,33 @@ def prepare(model_source: str, forget: list[dict], retain: list[dict] | None, pa
     encoded_forget, encoded_retain = encode(forget, "forget"), encode(retain, "retain")
     capacity = memory_limit if memory_limit is not None else device_capacity(dev)
     plan = plan_run(config, params, precision, encoded_forget, encoded_retain, capacity, objective)
+    device_map = spread_over_gpus(config, plan, precision) if not plan.fits and memory_limit is None else None
     if not plan.fits:
         raise DoesNotFit(plan)
     # Sharded, each process loads on the host and FSDP moves its shard to the device.
     model = load_weights(model_source, torch.device("cpu") if sharding.active() and not params.lora else dev,
-                         precision.load_dtype)
+                         precision.load_dtype, device_map)
+    if device_map:
+        dev = model.get_input_embeddings().weight.device  # batches start where the embeddings are
     return Prepared(dev, memory, started, model, tokenizer, encoded_forget, encoded_retain, holdout, max_length,
                     precision, saved_dtype, plan)
+
+
+def spread_over_gpus(config: Any, plan: MemoryPlan, precision: Precision) -> dict | None:
+    """A LoRA job too large for one GPU, on a worker with several: a device map over them when they hold it (the
+    plan's capacity becomes theirs together), else None."""
+    from worker.engine.device_map import gpu_budgets, on_gpus, plan_device_map, visible_gpus
+    from worker.engine.memory_check import meta_model
+
+    gpus = visible_gpus()
+    if not precision.lora or precision.device.type != "cuda" or len(gpus) < 2:
+        return None
+    mapping = plan_device_map(meta_model(config), precision.name, gpu_budgets(plan, gpus))
+    if not on_gpus(mapping):
+        return None
+    plan.capacity_bytes = sum(gpus)
+    plan.assumptions.append(f"placed over {len(set(mapping.values()))} GPUs by a device map")
+    return mapping
 
 
 def build_policy(model: Any, params: SharedParams, objective: type, precision: Precision | None = None) -> Policy:
