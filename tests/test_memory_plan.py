@@ -150,19 +150,20 @@ def test_a_run_that_does_not_fit_fails_before_its_weights_load(tokenizer, record
 
 def test_bfloat16_lora_holds_half_the_base_and_float32_adapters(fixture_model, people):
     records = [r for p in people for r in p]
-    r32, peak32, out32 = measured_run(fixture_model, records[:4], records[4:], "masc", {"max_steps": 300})
+    r32, peak32, out32 = measured_run(fixture_model, records[:4], records[4:], "masc", {"max_steps": 60})
     r16, peak16, out16 = measured_run(fixture_model, records[:4], records[4:], "masc",
-                                      {"max_steps": 300, "dtype": "bfloat16"})
+                                      {"max_steps": 60, "dtype": "bfloat16"})
     assert r16["precision"] == {"dtype": "bfloat16", "mode": "lora", "base": "bfloat16", "adapters": "float32",
                                 "optimiser_state": "float32", "gradient_checkpointing": False,
                                 "checkpoint_dtype": "float32"}
     assert r16["peak_memory"]["estimate"]["weights"] * 2 == r32["peak_memory"]["estimate"]["weights"]
-    assert peak16 < peak32
-    # The checkpoint keeps the source's float32, and both runs forget.
+    assert peak16 < 0.8 * peak32  # this tiny model's peak is mostly activations, which halve less than weights
+    # The checkpoint keeps the source's float32, and both runs forget alike (bench-precision has the full runs).
     assert {p.dtype for p in out16.model.parameters()} == {torch.float32}
-    assert r32["stop_reason"] == r16["stop_reason"] == "alpha", (r32["stop_reason"], r16["stop_reason"], r32["steps"],
-                                                                 r16["steps"], r32["final_violation_rate"],
-                                                                 r16["final_violation_rate"])
+    start = r32["v_trace"][0]["v"]
+    assert r16["v_trace"][0]["v"] == pytest.approx(start, abs=0.02)  # theta_0 measured in bfloat16
+    v32, v16 = r32["final_violation_rate"], r16["final_violation_rate"]
+    assert v32 < start - 0.1 and v16 < start - 0.1 and abs(v32 - v16) < 0.1, (start, v32, v16)
 
 
 def test_a_bfloat16_checkpoint_stays_bfloat16(tokenizer, records, tmp_path):
