@@ -20,13 +20,16 @@ def device_id() -> str:
 
 
 def memory_limit(settings: Settings) -> int | None:
-    """The bytes a job may plan on: the operator's setting, else what the device holds (None: unknown)."""
+    """The bytes a job may plan on: the operator's setting, else what the devices hold (every visible GPU together:
+    a job larger than one is placed over them; None: unknown). The engine plans per device itself."""
     if settings.device_memory_bytes > 0:
         return settings.device_memory_bytes
+    from worker.engine.device_map import visible_gpus
     from worker.engine.loading import resolve_device
     from worker.engine.memory_check import device_capacity
 
-    return device_capacity(resolve_device(settings.device))
+    device = resolve_device(settings.device)
+    return sum(visible_gpus()) if device.type == "cuda" else device_capacity(device)
 
 
 def announce(settings: Settings) -> None:

@@ -105,7 +105,6 @@ def _unlearn(work: Work, source: str, settings: Settings, progress, keeper: Leas
     process each). Returns the result document and the merged model with its tokenizer (None when cancelled)."""
     import torch
 
-    from worker.devices import memory_limit
     from worker.engine.loading import load_model, resolve_device
     from worker.engine.sharding import run_sharded
     from worker.engine.unlearn import run_unlearning
@@ -116,14 +115,14 @@ def _unlearn(work: Work, source: str, settings: Settings, progress, keeper: Leas
     if not params.lora and gpus > 1:
         result = run_sharded(source, work.forget, work.retain, params=params, processes=gpus, workdir=tmp / "sharded",
                              holdout=work.holdout, device="cuda", progress=progress, should_cancel=keeper.should_stop,
-                             format=work.spec.format, memory_limit=memory_limit(settings))
+                             format=work.spec.format, memory_limit=settings.device_memory_bytes or None)
         if not (tmp / "sharded" / "model").is_dir():
             return result, None, None
         model, tokenizer = load_model(tmp / "sharded" / "model", resolve_device(settings.device))
         return result, model, tokenizer
     outcome = run_unlearning(source, work.forget, work.retain, holdout=work.holdout, params=params,
                              device=settings.device, progress=progress, should_cancel=keeper.should_stop,
-                             format=work.spec.format, memory_limit=memory_limit(settings))
+                             format=work.spec.format, memory_limit=settings.device_memory_bytes or None)
     return outcome.result.as_dict(), outcome.model, outcome.tokenizer
 
 
