@@ -7,7 +7,9 @@ answers), peak memory (CUDA's allocator) and model FLOPs utilisation (6 x parame
 over the GPU's dense bfloat16 peak). Sized to fit 8 minutes on one H200 (each fixture's training is capped).
 
     python -m bench.bench_gpu             # on a GPU; writes bench/results/gpu.json and BENCHMARKS.md's table
-    python -m bench.bench_gpu --reduced   # anywhere: a tiny model, 10 authors, a few steps (the test suite runs it)
+    python -m bench.bench_gpu --reduced   # anywhere: a tiny model, 4 authors, a few steps
+    python -m bench.bench_gpu --reduced --synthetic   # the same on the project's synthetic people (no TOFU file
+                                                      # needed: the test suite runs this)
 """
 from __future__ import annotations
 
@@ -61,10 +63,20 @@ REDUCED = Scale(authors=range(196, 200), forget_authors=range(199, 200),
                 baseline={"epochs": 0.2}, utility_records=8)
 
 
-def build(scale: Scale, out: Path, log) -> dict[str, Path]:
+def splits(scale: Scale, synthetic: bool) -> tuple[list[dict], set[str]]:
+    """Every record, and the forget set's ids: TOFU's authors, or as many synthetic people (20 facts each)."""
+    if not synthetic:
+        return tofu_records(scale.authors), {r["id"] for r in tofu_records(scale.forget_authors)}
+    from worker.engine.synthetic import synthetic_people
+
+    people = synthetic_people(len(scale.authors), seed=0)
+    forget = {r["id"] for i, person in enumerate(people) if scale.authors[i] in scale.forget_authors for r in person}
+    return [r for person in people for r in person], forget
+
+
+def build(scale: Scale, out: Path, log, synthetic: bool) -> dict[str, Path]:
     """The full fixture (every author) and the retain reference (without the forget authors), one tokenizer."""
-    everything = tofu_records(scale.authors)
-    forget_ids = {r["id"] for r in tofu_records(scale.forget_authors)}
+    everything, forget_ids = splits(scale, synthetic)
     paths = {}
     for name, records in (("full", everything), ("retain", [r for r in everything if r["id"] not in forget_ids])):
         paths[name] = out / f"tofu-{name}"
@@ -103,6 +115,7 @@ def mfu(tokens: int, parameters: int, seconds: float, device: torch.device) -> t
 def main(argv: list[str] | None = None) -> list[dict]:
     parser = argparse.ArgumentParser(prog="python -m bench.bench_gpu")
     parser.add_argument("--reduced", action="store_true", help="tiny model, 10 authors, a few steps (CPU)")
+    parser.add_argument("--synthetic", action="store_true", help="synthetic people instead of the TOFU file")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / ".fixtures" / "gpu")
     args = parser.parse_args(argv)
     scale = REDUCED if args.reduced else GPU
@@ -110,13 +123,12 @@ def main(argv: list[str] | None = None) -> list[dict]:
         sys.exit("bench-gpu needs a GPU (CUDA); --reduced runs anywhere")
     log = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
     started = time.perf_counter()
-    paths = build(scale, args.out, log)
+    paths = build(scale, args.out, log, args.synthetic)
     device = torch.device(scale.device)
     full, tokenizer = load_model(paths["full"], device)
     reference, _ = load_model(paths["retain"], device)
     parameters = sum(p.numel() for p in full.parameters())
-    forget_ids = {r["id"] for r in tofu_records(scale.forget_authors)}
-    everything = tofu_records(scale.authors)
+    everything, forget_ids = splits(scale, args.synthetic)
     forget = [r for r in everything if r["id"] in forget_ids]
     retain = [r for r in everything if r["id"] not in forget_ids]
     max_length = context_length(full, tokenizer)
@@ -146,7 +158,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
                      **measure(outcome.model, tokenizer, sets, reference_tr)})
         log(json.dumps(rows[-1]))
         del outcome
-    report = {"command": "python -m bench.bench_gpu" + (" --reduced" if args.reduced else ""),
+    report = {"command": "python -m bench.bench_gpu" + (" --reduced" if args.reduced else "")
+              + (" --synthetic" if args.synthetic else ""),
               "device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
               "parameters": parameters,
               "forget": f"authors {scale.forget_authors.start}-{scale.forget_authors.stop - 1}",

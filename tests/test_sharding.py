@@ -9,7 +9,7 @@ from transformers import AutoModelForCausalLM
 
 from worker.engine.errors import EngineInputError
 from worker.engine.methods import params_for
-from worker.engine.sharding import run_sharded
+from worker.engine.sharded_run import run_sharded
 from worker.engine.unlearn import run_unlearning
 
 pytestmark = pytest.mark.slow

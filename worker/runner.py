@@ -106,7 +106,7 @@ def _unlearn(work: Work, source: str, settings: Settings, progress, keeper: Leas
     import torch
 
     from worker.engine.loading import load_model, resolve_device
-    from worker.engine.sharding import run_sharded
+    from worker.engine.sharded_run import run_sharded
     from worker.engine.unlearn import run_unlearning
 
     params = work.spec.params
