@@ -4,7 +4,6 @@ Range reads, the bucket allow-list, and a whole deployment (API and worker proce
 import hashlib
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -19,15 +18,10 @@ from service.infra.artifacts import artifact_store
 from service.settings import Settings
 from tests.service.conftest import ADMIN_KEY, ROOT, WorkerProcess, create_pg_database, drop_pg_database, migrate
 from tests.service.conftest import pg_url as database_url
+from tests.service.test_client import free_port
 
 pytestmark = pytest.mark.slow
 PART = 5 * 2**20  # S3's smallest part
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

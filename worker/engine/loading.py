@@ -43,14 +43,21 @@ def local_source(source: str | os.PathLike) -> str:
     return source
 
 
-def load_tokenizer(source: str | os.PathLike):
-    """The tokenizer through from_pretrained, with an EOS token and a pad token."""
-    source = local_source(source)
+@contextlib.contextmanager
+def loadable(source: str):
+    """from_pretrained's failures (no such files, a broken config) as the engine's input error."""
     try:
-        tokenizer = AutoTokenizer.from_pretrained(source)
+        yield
     except (OSError, ValueError) as exc:
         raise EngineInputError(f"model {source!r}: cannot be loaded ({str(exc).splitlines()[0]})",
                                field="model") from None
+
+
+def load_tokenizer(source: str | os.PathLike):
+    """The tokenizer through from_pretrained, with an EOS token and a pad token."""
+    source = local_source(source)
+    with loadable(source):
+        tokenizer = AutoTokenizer.from_pretrained(source)
     if tokenizer.eos_token_id is None:
         raise EngineInputError(f"model {source!r}: the tokenizer has no EOS token", field="model")
     if tokenizer.pad_token_id is None:
@@ -64,12 +71,9 @@ def load_weights(source: str | os.PathLike, device: torch.device, dtype: torch.d
     mode."""
     source = local_source(source)
     hf_logging.disable_progress_bar()  # callers show their own progress; stderr stays for errors
-    try:
+    with loadable(source):
         model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, **({"device_map": device_map}
                                                                               if device_map else {}))
-    except (OSError, ValueError) as exc:
-        raise EngineInputError(f"model {source!r}: cannot be loaded ({str(exc).splitlines()[0]})",
-                               field="model") from None
     if not device_map:
         model.to(device)  # type: ignore[arg-type]  # transformers types .to() for its own wrappers
     # Dropout stays off throughout: pi_0 must be exact and the stop rule's V deterministic.
@@ -86,11 +90,8 @@ def load_model(source: str | os.PathLike, device: torch.device, dtype: torch.dty
 def load_config(source: str | os.PathLike):
     from transformers import AutoConfig
 
-    try:
+    with loadable(str(source)):
         return AutoConfig.from_pretrained(local_source(source))
-    except (OSError, ValueError) as exc:
-        raise EngineInputError(f"model {source!r}: cannot be loaded ({str(exc).splitlines()[0]})",
-                               field="model") from None
 
 
 def context_length(model, tokenizer, requested: int = 0) -> int:
