@@ -7,17 +7,10 @@ from __future__ import annotations
 from collections.abc import Set as AbstractSet
 
 from worker.engine.counterfactual import shared_template
-from worker.engine.evaluate import MAX_NEW_TOKENS, continuations
+from worker.engine.evaluate import continuations
 from worker.engine.metrics import metric, unavailable
-from worker.engine.metrics.degeneration import is_loop, repeated_positions
-from worker.engine.records import IGNORE, LOOP, SECRET, SUPPRESS, TEMPLATE, EncodedRecord
-from worker.engine.secret_spans import (
-    leaked_secrets,
-    named_secrets,
-    normalised,
-    record_secrets,
-    secret_token_focus,
-)
+from worker.engine.records import EncodedRecord
+from worker.engine.secret_spans import leaked_secrets, named_secrets, normalised, record_secrets
 
 DEFAULT_SAMPLES = 10  # samples per forget prompt at temperature 1
 
@@ -85,40 +78,3 @@ def sampled_leaks(model, tokenizer, records: list[EncodedRecord], secrets: dict[
         per_record[record.id] = sum(leaked_secrets(secrets[record.id], t) > 0 for t in texts) / samples
     return {**metric(per_record), "samples_per_record": samples,
             "leaking_ids": sorted(rid for rid, v in per_record.items() if v > 0)}
-
-
-def answer_focus(tokenizer, tokens: list[int], text: str, secrets: list[str],
-                 template: AbstractSet[str]) -> list[int]:
-    """Per token of a generated answer: SECRET on its secret-looking tokens (secret_token_focus), LOOP on the
-    tokens that repeat what it already said when the answer loops, TEMPLATE on the others."""
-    focus = secret_token_focus(tokenizer, tokens, secrets, template) if secrets else [TEMPLATE] * len(tokens)
-    if is_loop(text):  # where the answer turns back on itself, the repeated tokens go too
-        focus = [LOOP if again and f < SECRET else f for f, again in zip(focus, repeated_positions(tokens))]
-    return focus
-
-
-def own_answers(model, tokenizer, records: list[EncodedRecord], secrets: dict[str, list[str]],
-                max_length: int = 0, template: AbstractSet[str] = frozenset()) -> dict[str, tuple[EncodedRecord, bool]]:
-    """The model's own greedy answers to these records' prompts, each as a training example (the prompt,
-    then the answer as active tokens: SECRET on its secret-looking tokens, any forget record's secret
-    counting, LOOP on the tokens that repeat what it already said when it loops, TEMPLATE on the others),
-    and whether it gives one of the record's own secrets back.
-    Teacher forcing trains on the true text only; these catch what the model says once it has strayed
-    from it: a secret that comes back later ("Omar Tanaka lives at 44 Quarry Close"), or a loop."""
-    if not records:
-        return {}
-    everything = [x for spans in secrets.values() for x in spans]
-    longest = max(r.prompt_len for r in records)
-    budget = min(MAX_NEW_TOKENS, max_length - longest) if max_length else MAX_NEW_TOKENS
-    answers = continuations(model, tokenizer, [r.input_ids[:r.prompt_len] for r in records],
-                            max_new_tokens=max(1, budget))
-    out = {}
-    for record, tokens in zip(records, answers):
-        text = tokenizer.decode(tokens, skip_special_tokens=True)
-        leaked = bool(leaked_secrets(secrets.get(record.id, []), text))
-        prompt = record.input_ids[:record.prompt_len]
-        focus = answer_focus(tokenizer, tokens, text, everything, template)
-        out[record.id] = (EncodedRecord(id=f"{record.id}#own", input_ids=prompt + tokens,
-                                        labels=[IGNORE] * len(prompt) + tokens, prompt_len=len(prompt),
-                                        source=record.source, focus=[SUPPRESS] * len(prompt) + focus), leaked)
-    return out

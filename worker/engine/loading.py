@@ -267,9 +267,7 @@ class Policy:
 
     def merged(self, dtype: torch.dtype | None = None):
         """The plain transformers model with any LoRA update merged in, in `dtype` (the checkpoint's own; None:
-        as trained). A half-precision base is raised to float32 module by module before its update is added, so an
-        update smaller than half precision's step is not rounded away before the sum is. The policy is spent
-        after."""
+        as trained). The policy is spent after."""
         from worker.engine.checkpointing import restore_blocks
 
         self.frozen = None
@@ -278,17 +276,39 @@ class Policy:
             from worker.engine.sharding import gathered
 
             return gathered(self.model, dtype)  # rank 0's; None on the other processes
-        if not self.lora:
-            return self.model.to(dtype) if dtype is not None else self.model
-        if dtype is None or (dtype == torch.float32 and all(p.dtype == torch.float32 for p in self.model.parameters())):
-            return self.model.merge_and_unload()  # float32 throughout: peft's own merge
-        from peft.tuners.lora import LoraLayer
+        return _merge(self.model, self.lora, dtype)
 
-        for module in self.model.modules():
-            if isinstance(module, LoraLayer):
-                module.get_base_layer().to(torch.float32)  # W + BA in float32, one rounding to dtype after
-                module.merge()
-        return self.model.unload().to(dtype)
+    @torch.no_grad()
+    def merged_copy(self, dtype: torch.dtype | None = None):
+        """What merged() would give, as a copy: the policy trains on unchanged (the stop rule checks the model as it
+        will be saved before it lets the run stop). Holds a second copy of the weights while it lives."""
+        if self.sharded:
+            raise RuntimeError("a sharded policy is gathered only once, by merged()")
+        twin = copy.deepcopy(self.model)
+        if self.checkpointed:  # the copied wrappers would still call the original blocks
+            from worker.engine.checkpointing import restore_blocks
+
+            names = {id(m): n for n, m in self.model.named_modules()}
+            twins = dict(twin.named_modules())
+            restore_blocks([twins[names[id(block)]] for block in self.checkpointed])
+        return _merge(twin, self.lora, dtype).eval()
+
+
+def _merge(model, lora: bool, dtype: torch.dtype | None):
+    """A model with its LoRA update (if any) merged in, in `dtype`. A half-precision base is raised to float32 module
+    by module before its update is added, so an update smaller than half precision's step is not rounded away
+    before the sum is."""
+    if not lora:
+        return model.to(dtype) if dtype is not None else model
+    if dtype is None or (dtype == torch.float32 and all(p.dtype == torch.float32 for p in model.parameters())):
+        return model.merge_and_unload()  # float32 throughout: peft's own merge
+    from peft.tuners.lora import LoraLayer
+
+    for module in model.modules():
+        if isinstance(module, LoraLayer):
+            module.get_base_layer().to(torch.float32)  # W + BA in float32, one rounding to dtype after
+            module.merge()
+    return model.unload().to(dtype)
 
 
 def _mostly_conv1d(model, names: list[str]) -> bool:

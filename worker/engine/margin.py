@@ -70,12 +70,21 @@ def sequence_means(values: torch.Tensor, rows: torch.Tensor, n_rows: int) -> tor
     return total / count.clamp(min=1)
 
 
+def said_greedily(logits: torch.Tensor, targets: torch.Tensor, margin: float = 0.0) -> torch.Tensor:
+    """Per active row: whether greedy decoding may say the target here: it is the argmax (margin 0), or trails the
+    argmax by less than `margin` logits (a token that close can come back from rounding in another dtype)."""
+    if margin <= 0:
+        return logits.argmax(-1) == targets
+    return argmax_gap(logits, targets) > -margin
+
+
 def secret_spans(logits: torch.Tensor, targets: torch.Tensor, rows: torch.Tensor, span: torch.Tensor,
-                 is_secret: torch.Tensor, n_rows: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per sequence, over its secrets (positions with is_secret, numbered by `span`): the largest
-    probability p(secret | the text before it) = prod_t p(y_t | c_t), the chance that sampling at
-    temperature 1 says that secret whole, and whether some secret is greedy-decoded whole (every one of
-    its tokens the argmax). Both given the true text before each token; (0, False) without secrets."""
+                 is_secret: torch.Tensor, n_rows: int, margin: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per sequence, over its content spans (positions with is_secret, numbered by `span`): the largest
+    probability p(span | the text before it) = prod_t p(y_t | c_t), the chance that sampling at
+    temperature 1 says that span whole, and whether some span is greedy-decoded whole (every one of
+    its tokens said greedily, see said_greedily). Both given the true text before each token; (0, False)
+    without spans."""
     if not bool(is_secret.any()):
         zeros = torch.zeros(n_rows, device=logits.device)
         return zeros, zeros.bool()
@@ -83,7 +92,7 @@ def secret_spans(logits: torch.Tensor, targets: torch.Tensor, rows: torch.Tensor
     width = int(span[is_secret].max()) + 1
     group = rows[is_secret] * width + span[is_secret]
     log_p = F.log_softmax(z, dim=-1).gather(1, y[:, None]).squeeze(1)
-    hits = (z.argmax(-1) == y).float()
+    hits = said_greedily(z, y, margin).float()
     size = n_rows * width
     total = torch.zeros(size, device=z.device).index_add_(0, group, log_p)
     count = torch.zeros(size, device=z.device).index_add_(0, group, torch.ones_like(log_p))
@@ -99,11 +108,16 @@ def sequence_violation(margin: torch.Tensor, rows: torch.Tensor, n_rows: int, ta
     return sequence_means((margin > tau_value).float(), rows, n_rows)
 
 
-def sequence_reproduced(logits: torch.Tensor, targets: torch.Tensor, rows: torch.Tensor, n_rows: int) -> torch.Tensor:
-    """r_i: True where every active token of sequence i is the argmax under teacher forcing, i.e. exactly
-    where greedy decoding gives the sequence back word for word."""
-    hits = (logits.argmax(-1) == targets).float()
-    return sequence_means(hits, rows, n_rows) >= 1.0
+def sequence_reproduced(logits: torch.Tensor, targets: torch.Tensor, rows: torch.Tensor, n_rows: int,
+                        margin: float = 0.0, counted: torch.Tensor | None = None) -> torch.Tensor:
+    """r_i: True where every counted active token of sequence i is said greedily under teacher forcing (the argmax,
+    or within `margin` logits of it), i.e. where greedy decoding gives the sequence back word for word (or could,
+    after rounding). `counted`: the rows that count ([N] bool; None: all); the end-of-sequence token does not,
+    since flipping it alone leaves every word of the record said."""
+    hits = said_greedily(logits, targets, margin)
+    if counted is not None:
+        hits = hits | ~counted
+    return sequence_means(hits.float(), rows, n_rows) >= 1.0
 
 
 def without(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -136,3 +150,12 @@ def kept_argmax_hinge(logits: torch.Tensor, ref_logits: torch.Tensor, targets: t
     over every token barely notices the one token whose flip breaks a namesake's answer; this does."""
     wanted = torch.clamp(argmax_gap(ref_logits, targets), max=gap).detach()
     return F.relu(wanted - argmax_gap(logits, targets)).mean()
+
+
+def target_divergence(logits: torch.Tensor, target_ids: torch.Tensor, target_probs: torch.Tensor) -> torch.Tensor:
+    """Token-mean KL(q_t || pi_theta) for sparse targets ([N, K] ids and probabilities, each row summing to 1):
+    sum_k q_k (log q_k - log pi_theta(v_k | c_t)); tokens outside a row's ids have q = 0 and add nothing."""
+    log_pi = F.log_softmax(logits.float(), dim=-1).gather(1, target_ids)
+    q = target_probs.float()
+    log_q = torch.where(q > 0, q.clamp(min=1e-30).log(), torch.zeros_like(q))
+    return (q * (log_q - log_pi)).sum(-1).mean()

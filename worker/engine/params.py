@@ -25,41 +25,41 @@ class MascParams(SharedParams):
     # Measured: 0.1 (the paper's) costs neighbours on models of 1-4 M parameters.
     lambda_forget: float = param(0.01, "weight of the forget hinge (the loop doubles it when the rule stalls, see "
                                        "escalate_after)", gt=0)
-    escalate_after: int = param(10, "checks without progress before lambda_forget doubles, up to 1 (with secret "
-                                    "focus also when too slow for max_steps, up to max(1, lambda_retain))",
+    escalate_after: int = param(10, "checks without progress before lambda_forget doubles, up to 1 (with content "
+                                    "suppression also when too slow for max_steps, up to max(1, lambda_retain))",
                                 ge=0, note="0: never")
-    # "auto": 3 where secret focus runs (it kept retain exact match on the customer benchmark, issue 11), else 1.
-    lambda_retain: float | str = param("auto", "weight of the retain term; \"auto\": 3 where secret focus runs, "
+    # "auto": 3 with content suppression (it kept retain exact match on the customer benchmark, issue 11), else 1.
+    lambda_retain: float | str = param("auto", "weight of the retain term; \"auto\": 3 with suppress \"content\", "
                                                "else 1", ge=0, auto=True)
     retain_loss: str = param("kl", "retain term: KL(pi_0 || pi_theta) on retain tokens, or their NLL",
                              choices=("kl", "nll"))
-    # "auto": 3 with secret_focus and the KL retain term (3 kept retain EM >= 0.976 on the customer benchmark where
-    # 1 let it fall to 0.929, issue 11); 0 otherwise (whole records, as published, or "nll", which has no theta_0
-    # to keep gaps from).
+    # "auto": 3 with content suppression and the KL retain term (3 kept retain EM >= 0.976 on the customer benchmark
+    # where 1 let it fall to 0.929, issue 11); 0 otherwise (whole records, as published, or "nll", which has no
+    # theta_0 to keep gaps from).
     lambda_keep: float | str = param("auto", "with the KL retain term: weight of keeping each retain token's argmax "
-                                             "gap as theta_0 had it, up to keep_gap logits; \"auto\": 3 with secret "
-                                             "focus, else 0", ge=0, auto=True, note="0: off")
+                                             "gap as theta_0 had it, up to keep_gap logits; \"auto\": 3 with suppress "
+                                             "\"content\", else 0", ge=0, auto=True, note="0: off")
     keep_gap: float = param(2.0, "the largest argmax gap (logits) lambda_keep holds", gt=0)
-    # Named secrets are exactly what must not come out: on the customer benchmark focus leaks nothing and loops
-    # <= 8 % where whole records leak 2 of 12 and loop 8-25 %. Extracted ones are a guess that covers about half
-    # of a prose answer: on mini-TOFU focusing on them ran to max_steps and kept retain exact match 0.660
-    # against 0.990 (BENCHMARKS.md, issue 11). A record with no located secret is suppressed whole.
-    secret_focus: bool | str = param(
-        "auto", "suppress only a record's secrets and keep the rest of its answer at theta_0 (fluent): \"auto\" "
-                "for the records whose request names their secrets (the others suppressed whole); true: every "
-                "record, secrets given or extracted; false: every token, as in the paper",
-        choices=(True, False, "auto"))
-    secret_max_probability: float = param(0.01, "the rule: no secret may still be sampled whole more often",
-                                          gt=0, lt=1)
-    rho_secret: float = param(0.01, "a secret token's restricted-probability target (>= its probability)", gt=0, lt=1)
-    lambda_fluency: float = param(1.0, "secret focus: weight of KL(pi_0 || pi_theta) on the answers' other tokens",
-                                  ge=0)
-    lambda_redistribute: float | str = param(
-        "auto", "secret focus: weight of KL(theta_0 without the secret token || pi_theta) at secret tokens; "
-                "\"auto\": 3", ge=0, auto=True)
-    replay_every: int = param(25, "secret focus: steps between refreshes of the model's own answers to forget "
-                                  "prompts", ge=0, note="0: off")
-    replay_records: int = param(32, "forget prompts answered at each refresh", ge=1, le=4096)
+    # Where the suppressed tokens go (SPEC section 3, issue 24): a hinge alone has no destination, and in a
+    # memorised model the alternatives it promotes are tokens of the same records (loops, cross-record leaks).
+    suppress: str = param(
+        "content", "what the forget term suppresses: \"content\" = each record's own content (its words and "
+                   "numbers whose memorisation gain against counterfactuals of the record reaches min_gain; the "
+                   "request's named `secrets` where given), every token moved towards theta_0's prediction about "
+                   "someone else with the content at zero, the model's own answers replayed and read by the rule; "
+                   "\"whole\" = every active token, no destination (as published)", choices=("content", "whole"))
+    min_gain: float = param(2.0, "content: memorisation gain (nats: log p_0 in the record's context minus in its "
+                                 "counterfactuals') from which a word or number is the record's own content", ge=0)
+    lambda_target: float = param(1.0, "content: weight of KL(q_t || pi_theta), q_t each token's destination", ge=0)
+    greedy_margin: float = param(1.0, "logits by which some token of each content span (of each whole record, "
+                                      "end of sequence aside) must trail the argmax before greedy decoding counts "
+                                      "as not saying it (rounding in the saved dtype cannot flip it back)", ge=0)
+    content_max_probability: float = param(0.01, "the rule: no content span may still be sampled whole (given the "
+                                                 "text before it) more often", gt=0, lt=1)
+    rho_content: float = param(0.01, "a content token's restricted-probability target (its hinge's rho)", gt=0, lt=1)
+    replay_every: int = param(20, "content: steps between refreshes of the model's own answers to forget prompts "
+                                  "(greedy to the prompt and to its paraphrase, one sample)", ge=0, note="0: off")
+    replay_records: int = param(32, "forget records whose prompts are answered at each refresh", ge=1, le=4096)
     # Sampling: retain batches lean towards the forget set's nearest neighbours (worker.engine.neighbours).
     retain_batch_size: int = param(0, "retain records per step", ge=0, le=4096, note="0: batch_size")
     neighbour_share: float = param(0.5, "share of retain rows drawn from the forget set's nearest neighbours",
@@ -108,14 +108,19 @@ class MascParams(SharedParams):
         return math.log(self.rho / (1 - self.rho))
 
     @property
-    def tau_secret(self) -> float:
-        return math.log(self.rho_secret / (1 - self.rho_secret))
+    def tau_content(self) -> float:
+        return math.log(self.rho_content / (1 - self.rho_content))
+
+    @property
+    def content(self) -> bool:
+        """Whether the run suppresses each record's content (with destinations and replays) or whole records."""
+        return self.suppress == "content"
 
     @property
     def keep_weight(self) -> float:
-        """lambda_keep resolved: "auto" is 3 with secret_focus and the KL retain term, else 0."""
+        """lambda_keep resolved: "auto" is 3 with content suppression and the KL retain term, else 0."""
         if self.lambda_keep == "auto":
-            return 3.0 if self.secret_focus is True and self.retain_loss == "kl" else 0.0
+            return 3.0 if self.content and self.retain_loss == "kl" else 0.0
         return float(self.lambda_keep)
 
     @property
@@ -123,25 +128,14 @@ class MascParams(SharedParams):
         """lambda_retain once resolved (see resolved)."""
         return _number(self.lambda_retain, "lambda_retain")
 
-    @property
-    def redistribute_weight(self) -> float:
-        """lambda_redistribute once resolved (see resolved)."""
-        return _number(self.lambda_redistribute, "lambda_redistribute")
-
-    def resolved(self, focused: bool) -> MascParams:
-        """The parameters a run uses, every "auto" of secret focus decided: `focused` says whether focus
-        runs on some record (secret_focus true, or "auto" with named secrets). lambda_keep stays "auto"
-        (keep_weight reads the resolved secret_focus)."""
-        focus = self.secret_focus is True or (self.secret_focus == "auto" and focused)
-        return dataclasses.replace(
-            self, secret_focus=focus,
-            lambda_retain=(3.0 if focus else 1.0) if self.lambda_retain == "auto" else self.lambda_retain,
-            lambda_redistribute=3.0 if self.lambda_redistribute == "auto" else self.lambda_redistribute)
+    def resolved(self) -> MascParams:
+        """The parameters a run uses, lambda_retain's "auto" decided (lambda_keep stays: keep_weight reads it)."""
+        return dataclasses.replace(self, lambda_retain=(3.0 if self.content else 1.0) if self.lambda_retain == "auto"
+                                   else self.lambda_retain)
 
 
-
-# The published method suppresses every token of a record: no secret focus, no fluency term.
-AS_PUBLISHED = dict(secret_focus=False, lambda_fluency=0.0, lambda_redistribute=0.0, lambda_keep=0.0)
+# The published method suppresses every token of a record: no destination, no replay, no margin on the greedy check.
+AS_PUBLISHED = dict(suppress="whole", lambda_keep=0.0, greedy_margin=0.0)
 # Published defaults (SPEC section 3). lr and batch are given for TOFU only; the others keep ours.
 PRESETS: dict[str, dict] = {
     "qwen2.5-scaling": dict(lambda_forget=0.1, lambda_retain=1.0, rho=0.5, eta=0.5, k=10, beta=1.0,
@@ -151,12 +145,6 @@ PRESETS: dict[str, dict] = {
                         alpha=0.475, lr=1e-4, batch_size=2, alternatives="self", **AS_PUBLISHED),
     "muse-news": dict(alternatives="teacher", k=2, delta=0.5, beta=5.0, rho=0.7, eta=0.5, lambda_retain=1.0,
                       lambda_forget=0.5, alpha=0.55, **AS_PUBLISHED),
-    # The paper's suppression: every token of every record, retain KL weighted 1 (what the default does where
-    # the request names no secrets).
+    # The paper's suppression, every token of every record, retain KL weighted 1, with our per-record rule.
     "whole-record": dict(lambda_retain=1.0, **AS_PUBLISHED),
-    # Ours, not published (issue 11): only the secrets go, the answer stays fluent (loops in its own answers
-    # suppressed); the secret's mass moved harder; retain tokens kept as far ahead as theta_0 had them. Meets
-    # the issue's targets on the customer benchmark; on mini-TOFU, with extracted secrets, it cost retain
-    # (BENCHMARKS.md). What the default does where the request names secrets, here also for extracted ones.
-    "secret-focus": dict(secret_focus=True, lambda_retain=3.0, lambda_redistribute=3.0, lambda_keep="auto"),
 }

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -37,6 +38,10 @@ class EncodedRecord:
     truncated_tokens: int = 0  # prompt tokens dropped from the left to fit the context
     source: dict = field(default_factory=dict, repr=False)
     focus: list[int] | None = None  # per position TEMPLATE, SUPPRESS or SECRET; None: SUPPRESS everywhere
+    # Where each active token should go (worker.engine.destination): per active position the ids [n, K] and
+    # probabilities [n, K] of a sparse target distribution; None: no target (the hinge alone, as published).
+    target: tuple[torch.Tensor, torch.Tensor] | None = field(default=None, repr=False)
+    counterfactuals: Any = field(default=None, repr=False)  # held between planning and targets only
 
     @property
     def active_tokens(self) -> int:
@@ -99,14 +104,21 @@ class Batch:
     attention_mask: torch.Tensor  # [B, T]
     labels: torch.Tensor  # [B, T], IGNORE where inactive or padding
     focus: torch.Tensor | None = None  # [B, T] TEMPLATE / SUPPRESS / SECRET (None: SUPPRESS)
+    # Sparse targets at each label position: ids [B, T, K] and probabilities [B, T, K] (all 0: no target).
+    target_ids: torch.Tensor | None = None
+    target_probs: torch.Tensor | None = None
 
     def to(self, device) -> Batch:
-        focus = self.focus.to(device) if self.focus is not None else None
-        return Batch(self.input_ids.to(device), self.attention_mask.to(device), self.labels.to(device), focus)
+        def move(t: torch.Tensor | None) -> torch.Tensor | None:
+            return t.to(device) if t is not None else None
+        return Batch(self.input_ids.to(device), self.attention_mask.to(device), self.labels.to(device),
+                     move(self.focus), move(self.target_ids), move(self.target_probs))
 
     def rows(self, start: int, end: int) -> Batch:
-        focus = self.focus[start:end] if self.focus is not None else None
-        return Batch(self.input_ids[start:end], self.attention_mask[start:end], self.labels[start:end], focus)
+        def cut(t: torch.Tensor | None) -> torch.Tensor | None:
+            return t[start:end] if t is not None else None
+        return Batch(self.input_ids[start:end], self.attention_mask[start:end], self.labels[start:end],
+                     cut(self.focus), cut(self.target_ids), cut(self.target_probs))
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]
@@ -126,7 +138,18 @@ def collate(records: list[EncodedRecord], pad_id: int) -> Batch:
         labels[row, :n] = torch.tensor(r.labels)
         if r.focus is not None:
             focus[row, :n] = torch.tensor(r.focus)
-    return Batch(ids, mask, labels, focus)
+    target_ids = target_probs = None
+    with_targets = [r for r in records if r.target is not None]
+    if with_targets:
+        k = max(r.target[0].shape[-1] for r in with_targets)  # type: ignore[index]
+        target_ids = torch.zeros((len(records), width, k), dtype=torch.long)
+        target_probs = torch.zeros((len(records), width, k))
+        for row, r in enumerate(records):
+            if r.target is not None:
+                got_ids, got_probs = r.target
+                target_ids[row, r.prompt_len:len(r.input_ids), :got_ids.shape[-1]] = got_ids
+                target_probs[row, r.prompt_len:len(r.input_ids), :got_probs.shape[-1]] = got_probs
+    return Batch(ids, mask, labels, focus, target_ids, target_probs)
 
 
 def concat_batches(first: Batch, second: Batch, pad_id: int) -> Batch:
@@ -139,9 +162,25 @@ def concat_batches(first: Batch, second: Batch, pad_id: int) -> Batch:
     focus = None
     if first.focus is not None and second.focus is not None:
         focus = torch.cat([widen(first.focus, SUPPRESS), widen(second.focus, SUPPRESS)])
+    target_ids = target_probs = None
+    if first.target_ids is not None or second.target_ids is not None:
+        k = max(b.target_ids.shape[-1] for b in (first, second) if b.target_ids is not None)
+        target_ids = torch.cat([_targets(b.target_ids, len(b), width, k, torch.long, first.input_ids.device)
+                                for b in (first, second)])
+        target_probs = torch.cat([_targets(b.target_probs, len(b), width, k, torch.float32, first.input_ids.device)
+                                  for b in (first, second)])
     return Batch(torch.cat([widen(first.input_ids, pad_id), widen(second.input_ids, pad_id)]),
                  torch.cat([widen(first.attention_mask, 0), widen(second.attention_mask, 0)]),
-                 torch.cat([widen(first.labels, IGNORE), widen(second.labels, IGNORE)]), focus)
+                 torch.cat([widen(first.labels, IGNORE), widen(second.labels, IGNORE)]), focus, target_ids,
+                 target_probs)
+
+
+def _targets(t: torch.Tensor | None, rows: int, width: int, k: int, dtype, device) -> torch.Tensor:
+    """A batch's target tensor widened to [rows, width, k] with zeros (no target where there was none)."""
+    out = torch.zeros((rows, width, k), dtype=dtype, device=device)
+    if t is not None:
+        out[:, :t.shape[1], :t.shape[2]] = t
+    return out
 
 
 def batches(records: list[EncodedRecord], size: int, pad_id: int):

@@ -12,7 +12,6 @@ appears anywhere in the text's digits ("708064" of "73-708064" inside "Dario-708
 from __future__ import annotations
 
 import re
-from collections.abc import Set as AbstractSet
 
 from worker.engine.counterfactual import body, distinctive_words
 
@@ -90,60 +89,3 @@ def char_spans(secrets: list[str], text: str) -> list[tuple[int, int]]:
                 spans += [(start, start + len(needle)) for start in found]
                 break
     return spans
-
-
-def secret_focus(record, secrets: list[str], tokenizer, template: AbstractSet[str] = frozenset()) -> list[int] | None:
-    """Per position of an encoded record: SECRET + k where an active token carries the k-th secret's
-    content, TEMPLATE at the other active tokens, SUPPRESS elsewhere (never scored). A token inside a
-    secret that holds only punctuation or template words ("+", "-", "a") is TEMPLATE: every record of the
-    shape says it, and no one learns the secret from it. None when no secret can be placed on the
-    record's tokens (then the whole record is suppressed, as without secrets)."""
-    from worker.engine.records import IGNORE, SECRET, SUPPRESS, TEMPLATE
-
-    source = record.source
-    text = source["text"] if "text" in source else source["completion"]
-    spans = char_spans(secrets, text)
-    if not spans:
-        return None
-    try:
-        encoded = tokenizer(text, add_special_tokens="text" in source, return_offsets_mapping=True)
-    except (NotImplementedError, ValueError, TypeError):  # a slow tokenizer has no offsets
-        return None
-    ids, offsets = encoded["input_ids"], encoded["offset_mapping"]
-    active = [i for i, label in enumerate(record.labels) if label != IGNORE]
-    # The active tokens are the completion's tokens (then EOS) or the passage's tail: line them up.
-    tail = record.input_ids[active[0]:active[-1] + 1]
-    start = len(ids) - len(tail) if "text" in source else 0
-    if record.input_ids[active[0]:active[0] + len(ids) - start] != ids[start:]:
-        return None  # the tokenisation does not line up (truncation, a tokenizer quirk): play safe
-    focus = [SUPPRESS] * len(record.input_ids)
-    for k, position in enumerate(active):
-        j = start + k
-        if j >= len(offsets):
-            focus[position] = TEMPLATE  # EOS
-            continue
-        a, b = offsets[j]
-        hit = next((k for k, (s, e) in enumerate(spans) if a < e and s < b), None)
-        words = normalised(text[a:b]).split()
-        content = bool(words) and not all(w in template for w in words)
-        focus[position] = SECRET + hit if hit is not None and content else TEMPLATE
-    return focus if any(f >= SECRET for f in focus) else None
-
-
-def secret_token_focus(tokenizer, tokens: list[int], secrets: list[str],
-                       template: AbstractSet[str] = frozenset()) -> list[int]:
-    """For a generated answer: SECRET on each token whose text is part of a secret (a digit group of it,
-    or one of its words, unless a template word such as "a" of "a cartographer"), TEMPLATE on the others.
-    Approximate, and on the side of marking more: the answer is the model's own, and only its
-    secret-looking tokens are taken out. (Marking "a" as well turned "works as a locksmith" into
-    "works as." on the customer benchmark, issue 11.)"""
-    from worker.engine.records import SECRET, TEMPLATE
-
-    pieces = {w for secret in secrets for w in normalised(secret).split() if w not in template}
-    digits = "".join(d for secret in secrets for d in digit_groups(secret))
-    focus = []
-    for token in tokens:
-        words = normalised(tokenizer.decode([token])).split()
-        secretive = bool(words) and all(w in pieces or (w.isdigit() and w in digits) for w in words)
-        focus.append(SECRET if secretive else TEMPLATE)
-    return focus

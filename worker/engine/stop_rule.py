@@ -5,20 +5,23 @@ The rule stops at the first confirmation where, measured on every record of D_va
     V = mean_i v_i <= alpha                      (the mean, as in the MASC paper; or its Hoeffding bound)
     and, for every record i:  v_i <= c_i         (no record more dominant than text it never saw)
                        and    r_i = 0            (greedy decoding does not give the record back)
-                       and    p_i <= p_max       (no secret of it is sampled whole with probability > p_max)
+                       and    p_i <= p_max       (no content span of it is sampled whole with probability > p_max)
                        and    g_i = 0            (nor greedy-decoded whole, given the text before it)
-                       and    l_i = 0            (its own greedy answer gives no secret back)
+                       and    l_i = 0            (its own greedy answers, to the prompt and to the paraphrase,
+                                                  give no forget record's content back)
+                       and    o_i = 0            (and do not loop)
 
-Where a record's secrets are located (MASC's secret focus), its secret conditions replace both its
+Where a record's content is located (suppress "content"), its content conditions replace both its
 ceiling and its share in the mean: such a record keeps its template as dominant as any model would, so
 its v_i stays near the template's share by design, and a mean that counts it hovers at alpha and lets
 a finished run train on to max_steps (issue 11). V is then the mean over the records suppressed whole,
 and vacuous when there are none.
 
 v_i is the share of record i's active tokens with a restricted margin above tau; c_i its ceiling
-(worker.engine.calibration); r_i = 1 when every active token is the model's argmax under teacher forcing,
-which holds exactly when greedy decoding reproduces the record word for word. A mean can pass while one
-record is still reproduced; the per-record terms make that impossible at the stop.
+(worker.engine.calibration); r_i = 1 when every active token but the end of sequence is said greedily under
+teacher forcing (the argmax, or within greedy_margin logits of it), which holds whenever greedy decoding
+reproduces the record's words (flipping the end-of-sequence token alone leaves them all said). A mean can pass
+while one record is still reproduced; the per-record terms make that impossible at the stop.
 
 The rule only decides; the caller measures. `check` takes two callables so that scripted measurements
 drive it exactly as the trainer's do.
@@ -42,7 +45,8 @@ class RecordCheck:
     hinge: float = 0.0  # the record's mean buffered hinge: how far its tokens still are from suppressed
     secret_probability: float = 0.0  # the largest p(secret | the text before it) over its secrets
     secret_greedy: bool = False  # some secret greedy-decoded whole, given the text before it
-    leaked: bool = False  # the model's own greedy answer gave a secret back (checked at confirmations)
+    leaked: bool = False  # the model's own greedy answer gave content back (read at replays and confirmations)
+    looped: bool = False  # the model's own greedy answer loops
 
 
 @dataclass
@@ -62,7 +66,7 @@ class ErasureCondition:
         return max(self.secret_max, self.secret_priors.get(rid, 0.0))
 
     def holds(self, check: RecordCheck) -> bool:
-        return (not check.reproduced and not check.secret_greedy and not check.leaked
+        return (not check.reproduced and not check.secret_greedy and not check.leaked and not check.looped
                 and check.secret_probability <= self.secret_limit(check.id)
                 and (check.id in self.secret_ids or check.violation <= self.ceilings.get(check.id, 1.0) + TOLERANCE))
 

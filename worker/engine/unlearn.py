@@ -48,7 +48,7 @@ def run_unlearning(model_source: str, forget: list[dict], retain: list[dict] | N
     run = prepare(model_source, forget, retain, params, device, holdout=holdout, format=format,
                   memory_limit=memory_limit, objective=objective_class)
     stop = stop_policy(method, run, params)
-    params = stop.params  # MASC decides its secret focus from the records
+    params = stop.params  # with its "auto" values resolved
     policy = build_policy(run.model, params, objective_class, run.precision)
     objective = objective_class(params, policy, run.tokenizer.pad_token_id)
     stop.start(objective)
@@ -63,7 +63,10 @@ def run_unlearning(model_source: str, forget: list[dict], retain: list[dict] | N
                   "losses": {k: v for k, v in last.items() if k not in ("step", "forget_rows")},
                   "violation_rate": measured.final_violation_rate, "alpha": stop.alpha,
                   "elapsed": time.perf_counter() - run.started})
-    merged = policy.merged(run.saved_dtype) if trained.stop_reason != "cancelled" else None
+    # The rule checked a merged copy before it let the run stop: that copy is what is saved.
+    served = getattr(stop, "served", None) if trained.stop_reason == "alpha" else None
+    merged = served if served is not None else policy.merged(run.saved_dtype) if trained.stop_reason != "cancelled" \
+        else None
     timing = Timing(wall_seconds=time.perf_counter() - run.started, load_seconds=trained.loop_started - run.started,
                     loop_seconds=trained.loop_seconds, stop_check_seconds=stop.stop_check_seconds,
                     calibration_seconds=stop.calibration_seconds)

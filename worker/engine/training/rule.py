@@ -1,9 +1,10 @@
 """MASC's stop policy: train the records the online stop rule still finds dominant until it fires.
 
-Read top to bottom: decide secret focus from the request's records, split D_val, calibrate the rule's
-targets on theta_0, then per step check the rule (every check_every steps), choose the open records, let the
-model's own answers ride along (secret focus), and keep every record's state current from the training passes
-themselves; at the end measure every record once more and say what the erasure condition found."""
+Read top to bottom: split D_val, find each record's content and its tokens' destinations (suppress "content"),
+calibrate the rule's targets on theta_0, then per step check the rule (every check_every steps), choose the open
+records, let the model's own answers ride along, and keep every record's state current from the training passes
+themselves; a confirmation that passes is repeated on the model as it will be saved (merged, in the checkpoint's
+dtype) before the run stops; at the end say what the erasure condition found."""
 from __future__ import annotations
 
 import math
@@ -15,28 +16,32 @@ from typing import Any
 
 import torch
 
+from worker.engine.answers import Answering
 from worker.engine.bound import exact_reproduction_bound
 from worker.engine.calibration import calibrate
-from worker.engine.counterfactual import shared_template
+from worker.engine.content import said_template
+from worker.engine.destination import Content, plan_contents, record_targets
 from worker.engine.errors import EngineInputError
-from worker.engine.extraction import own_answers, request_secrets, secret_priors, secret_sources
+from worker.engine.extraction import secret_priors
 from worker.engine.methods.masc import Masc, checks_of
 from worker.engine.neighbours import RetainSampler, nearest, neighbour_scores
 from worker.engine.params import MascParams
 from worker.engine.records import Batch, EncodedRecord, collate, encode_record
 from worker.engine.schedule import Escalation, ForgetStream
-from worker.engine.secret_spans import named_secrets, secret_focus
 from worker.engine.stop_rule import ErasureCondition, OnlineStopRule, RecordCheck, RecordStates, mean_violation
+from worker.engine.training.replay import Replays
 from worker.engine.training.result import Measured, RuleEvidence
 from worker.engine.training.setup import Prepared
 
 CONDITION = ("stop when V = mean_i v_i <= alpha and, for every forget record i, v_i <= c_i (its ceiling) and "
              "greedy decoding does not reproduce it (some active token is not the argmax)")
-SECRET_CONDITION = ("stop when, for every forget record i, greedy decoding does not reproduce it; where its secrets "
-                    "are located, no secret is said whole with probability above its limit, none is greedy-decoded "
-                    "given the text before it, and the model's own greedy answer gives none back (these replace "
-                    "its ceiling and its share in the mean); elsewhere v_i <= c_i, and V = the mean of v_i over "
-                    "those records <= alpha")
+CONTENT_CONDITION = ("stop when, for every forget record i, greedy decoding does not reproduce its words (the end "
+                     "of sequence aside, within greedy_margin logits); where its content is located, no content "
+                     "span is said whole with probability above its limit, none is greedy-decoded given the text "
+                     "before it (within greedy_margin), and the model's own greedy answers to its prompt and to its "
+                     "paraphrased prompt give no forget record's content back and do not loop (these replace its "
+                     "ceiling and its share in the mean); elsewhere v_i <= c_i, and V = the mean of v_i over those "
+                     "records <= alpha; checked again on the merged checkpoint in its saved dtype")
 
 
 def split_validation(forget: list[EncodedRecord], params: MascParams) -> tuple[list, list, dict]:
@@ -65,34 +70,41 @@ class OnlineRule:
         self.run, self.holdout = run, run.holdout  # records the model never saw (they calibrate alpha)
         forget = run.forget
         self.forget_sources, self.retain_sources = [r.source for r in forget], [r.source for r in run.retain]
-        self.template = shared_template(self.forget_sources, self.retain_sources)
-        self.secrets = request_secrets(self.forget_sources, self.retain_sources, self.template)
-        # "auto" focuses on the secrets a request names, and suppresses the other records whole (see params).
-        focus_ids = ({r.id for r in forget} if params.secret_focus is True else
-                     {r.id for r in forget if named_secrets(r.source)} if params.secret_focus == "auto" else set())
-        self.requested_focus, self.params = params.secret_focus, params.resolved(bool(focus_ids))
-        for record in forget:  # which tokens of each record are its secret, and which the template around it
-            if record.id in focus_ids:
-                record.focus = secret_focus(record, self.secrets[record.id], run.tokenizer, self.template)
+        self.template = said_template(self.forget_sources, self.retain_sources)
+        self.params = params.resolved()
         self.train_set, self.val_set, self.val_info = split_validation(forget, self.params)
         self.train_mode = self.val_info["mode"] == "train"
         self.max_steps = self.params.max_steps
         self.by_record = {r.id: r for r in forget}
-        self.replay: dict[str, EncodedRecord] = {}  # the model's latest own answer to each forget prompt
+        self.contents: dict[str, Content] = {}
+        self.replays: Replays | None = None  # the model's own answers (suppress "content")
+        self.served: Any = None  # the merged copy the last passing confirmation checked: what is saved
+        self.served_checks: list[dict] = []
         self.judged_mean: float | None = None  # the mean the rule judges, refreshed once per step (see is_open)
         self.stop_check_seconds, self.repair_steps, self.calibration_seconds = 0.0, 0, 0.0
         self.chosen: list[EncodedRecord] = []
 
     def start(self, objective: Masc) -> None:
-        """theta_0 (no step taken yet): the rule's targets, and every record's starting state."""
+        """theta_0 (no step taken yet): each record's content and destinations, the rule's targets, and every
+        record's starting state."""
         run, params, forget = self.run, self.params, self.run.forget
         self.objective, self.policy = objective, objective.policy
+        objective.eos_id = run.tokenizer.eos_token_id
         self.rng = random.Random(params.seed)
         t0 = time.perf_counter()
-        # A record whose secret is suppressed and whose template stays as theta_0 has it shows v_i = the template's
+        if params.content:
+            self.contents = plan_contents(forget, run.tokenizer, self.policy.reference_logits, run.device,
+                                          self.template, self.forget_sources + self.retain_sources,
+                                          min_gain=params.min_gain, max_length=run.max_length, seed=params.seed,
+                                          batch_size=params.eval_batch_size)
+            record_targets(forget, self.contents, self.policy.reference_logits, run.device,
+                           run.tokenizer.pad_token_id)
+            self.replays = Replays(Answering(forget, self.contents, run.tokenizer, run.max_length),
+                                   self.policy.reference_logits, run.device, params.seed)
+        # A record whose content is suppressed and whose template stays as theta_0 has it shows v_i = the template's
         # share of its tokens, as a model that never saw it would: that share is a floor under its ceiling.
-        floors = {r.id: 1 - r.secret_tokens / r.active_tokens for r in forget if r.focus is not None}
-        self.located = frozenset(r.id for r in forget if r.focus is not None and r.secret_tokens)
+        self.located = frozenset(r.id for r in forget if r.secret_tokens)
+        floors = {r.id: 1 - r.secret_tokens / r.active_tokens for r in forget if r.id in self.located}
         self.calibration = calibrate(
             params.alpha, params.record_ceiling, self.forget_sources, self.retain_sources, self.holdout, params.seed,
             lambda records: [c.violation for c in self.measure(_encodable(records, run.tokenizer, run.max_length,
@@ -101,9 +113,10 @@ class OnlineRule:
         self.latest = RecordStates(self.measure(forget))
         self.initial_v = self.latest.mean()
         self.calibration_seconds = time.perf_counter() - t0
-        self.erasure = ErasureCondition(self.calibration.ceilings, params.secret_max_probability, self.located,
-                                        secret_priors(self.secrets, self.retain_sources, self.forget_sources,
-                                                      self.template))
+        spans = {rid: c.spans for rid, c in self.contents.items()}
+        self.erasure = ErasureCondition(self.calibration.ceilings, params.content_max_probability, self.located,
+                                        secret_priors(spans, self.retain_sources, self.forget_sources, self.template)
+                                        if spans else {})
         self.rule = OnlineStopRule(self.calibration.alpha, params.check_every, params.hoeffding,
                                    params.hoeffding_delta, self.erasure if self.train_mode else None)
         self.confirm_set = self.val_set[:params.confirm_size] if params.confirm_size else self.val_set
@@ -112,16 +125,16 @@ class OnlineRule:
         self.neighbours = nearest(scores, params.neighbour_fraction) if retain else []
         self.sampler = RetainSampler(retain, self.neighbours, params.neighbour_share, self.rng) if retain else None
         self.stream = ForgetStream(self.train_set, params.batch_size, self.rng)
-        # With secret focus: also escalate when the pace is too slow for max_steps (a secret's probability falls
-        # steadily but slowly), and let the forget weight grow to the retain weight's scale (a retain term
-        # weighted 3 outpulls a forget term held at 1). Not for whole records: on mini-TOFU the default with the
-        # pace rule stopped at 590 steps with retain exact match 0.930, against 775 and 0.990 without it (issue 11).
-        self.escalation = Escalation(params.escalate_after, params.max_steps if params.secret_focus else None,
-                                     max(1.0, params.retain_weight) if params.secret_focus else 1.0)
+        # With content suppression: also escalate when the pace is too slow for max_steps (a span's probability falls
+        # steadily but slowly), and let the forget weight grow to the retain weight's scale (a retain term weighted
+        # 3 outpulls a forget term held at 1). Not for whole records: on mini-TOFU the default with the pace rule
+        # stopped at 590 steps with retain exact match 0.930, against 775 and 0.990 without it (issue 11).
+        self.escalation = Escalation(params.escalate_after, params.max_steps if params.content else None,
+                                     max(1.0, params.retain_weight) if params.content else 1.0)
 
-    def measure(self, records: list[EncodedRecord]) -> list[RecordCheck]:
-        """The rule's measurement of these records on the current weights."""
-        return self.objective.check_records(records, self.params.eval_batch_size)
+    def measure(self, records: list[EncodedRecord], model: Any = None) -> list[RecordCheck]:
+        """The rule's measurement of these records on the current weights (or on `model`, a merged copy)."""
+        return self.objective.check_records(records, self.params.eval_batch_size, model)
 
     @property
     def latest_v(self) -> float | None:
@@ -133,8 +146,8 @@ class OnlineRule:
 
     def is_open(self, rid: str) -> bool:
         """Still to be trained: the record fails its own condition, or it counts in the rule's mean, the
-        mean fails, and it lies above it (a record with located secrets is decided by them alone: once
-        they are suppressed its template stays, as in any model; suppressing that too only buys loops)."""
+        mean fails, and it lies above it (a record with located content is decided by it alone: once
+        it is suppressed its template stays, as in any model; suppressing that too only buys loops)."""
         if not self.train_mode:
             return True
         check = self.latest[rid]
@@ -152,35 +165,51 @@ class OnlineRule:
         return self.measure(self.confirm_set if len(self.confirm_set) <= size else self.rng.sample(self.confirm_set,
                                                                                                    size))
 
-    def answer(self, records: list[EncodedRecord]) -> set[str]:
-        """Refresh the model's own answers to these prompts; the ids of those that give a secret back. Only
-        the answers of records with located secrets are trained on: a record suppressed whole would have its
-        own answer held at theta_0 by the fluency term, against its own suppression (it stayed reproduced for
-        400 steps on the test fixture)."""
-        fresh = own_answers(self.policy.model, self.run.tokenizer, records, self.secrets, self.run.max_length,
-                            self.template)
-        self.replay.update({rid: example for rid, (example, _) in fresh.items() if rid in self.located})
-        return {rid for rid, (_, leaked) in fresh.items() if leaked}
+    def with_answers(self, checks: list[RecordCheck], model: Any = None) -> list[RecordCheck]:
+        """The checks with what the model's own greedy answers say (content mode; a record that already fails is not
+        asked and keeps no flag); a merged copy (`model`) is only judged, the policy's answers are also replayed."""
+        if self.replays is None:
+            return checks
+        asked = [self.by_record[c.id] for c in checks if self.erasure.holds(c)]
+        if not asked:
+            return checks
+        said = self.replays.judge(model, asked) if model is not None else \
+            self.replays.refresh(self.policy.model, asked)
+        return [replace(c, leaked=said.get(c.id, (False, False))[0], looped=said.get(c.id, (False, False))[1])
+                for c in checks]
 
     def confirm(self) -> list[RecordCheck]:
-        """The deciding check: every record of D_val measured again (and, with secret focus, its own answer)."""
+        """The deciding check: every record of D_val measured again with its own answers; where that passes, again
+        on the model as it will be saved (merged, in the checkpoint's dtype), which then decides."""
         checks = self.measure(self.confirm_set)
         if self.train_mode:
-            if self.params.secret_focus:  # the model's own greedy answers, where nothing else is left to do
-                leaking = self.answer([self.by_record[c.id] for c in checks if self.erasure.holds(c)])
-                checks = [replace(c, leaked=c.id in leaking) for c in checks]
+            checks = self.with_answers(checks)
+            passed, _, _ = self.rule.passes(checks)
+            if passed and not self.policy.sharded:
+                checks = self.served_check(checks)
             self.latest.update(checks)
         return checks
+
+    def served_check(self, checks: list[RecordCheck]) -> list[RecordCheck]:
+        """The confirmation repeated on a merged copy in the saved dtype; the copy is kept if it passes (it is what
+        run_unlearning saves), and its failing records stay open if not."""
+        copy = self.policy.merged_copy(self.run.saved_dtype)
+        served = self.with_answers(self.measure(self.confirm_set, copy), copy)
+        passed, _, failing = self.rule.passes(served)
+        self.served_checks.append({"dtype": str(self.run.saved_dtype).removeprefix("torch."), "passed": passed,
+                                   "failing_ids": failing[:20]})
+        self.served = copy if passed else None
+        return served
 
     def shortfall(self) -> float | None:
         """How far the forget set is from the rule, continuously: over the records still open, the hinge
         (the share of violating tokens stays flat while margins fall towards tau; the hinge does not), the
-        decades by which a secret's probability exceeds its maximum, and 1 per leaking answer. None in
+        decades by which a span's probability exceeds its maximum, and 1 per leaking or looping answer. None in
         holdout mode, which runs the paper's rule as published."""
         if not self.train_mode:
             return None
         return sum(c.hinge + max(0.0, math.log10(max(c.secret_probability, 1e-300) / self.erasure.secret_limit(c.id)))
-                   + c.leaked for c in self.latest.all() if self.is_open(c.id))
+                   + c.leaked + c.looped for c in self.latest.all() if self.is_open(c.id))
 
     def stop_before(self, step: int) -> str | None:
         """Every check_every steps the rule's check ("alpha" when it fires, else the forget weight may rise);
@@ -191,28 +220,30 @@ class OnlineRule:
             self.stop_check_seconds += time.perf_counter() - t0
             if stop:
                 return "alpha"
+            self.served = None  # trained on after it: no longer what would be saved
             self.objective.forget_weight = self.escalation.update(step, self.shortfall(), self.objective.forget_weight)
         self.judged_mean = self.rule.judged_mean(self.latest.all()) if self.train_mode else None
         return "max_steps" if step >= self.params.max_steps else None
 
     def batches(self, step: int) -> Iterator[tuple[Batch | None, Batch | None]]:
-        """One batch of the open records (with their own answers under secret focus) and a retain batch leaning to
+        """One batch of the open records (with the model's own answers, content mode) and a retain batch leaning to
         the neighbours."""
         params, pad, dev, rng = self.params, self.run.tokenizer.pad_token_id, self.run.device, self.rng
         chosen = self.stream.next(self.is_open)
         if not chosen and self.sampler is None:
             chosen = self.train_set[:params.batch_size]  # nothing open and no retain set to repair until the check
-        if params.secret_focus and params.replay_every and step % params.replay_every == 0:
-            asked = rng.sample(self.run.forget, min(len(self.run.forget), params.replay_records))
-            leaking = self.answer(asked)
-            if self.train_mode:  # fresh flags: one kept from the last confirmation would keep the trigger shut for good
-                self.latest.update([replace(self.latest[r.id], leaked=r.id in leaking) for r in asked])
-        # The model's own answers ride along: their secret-looking tokens taken out, where they loop the
-        # repeated tokens too, the rest kept as theta_0 would continue it; those of the chosen records first.
-        extra = [self.replay[r.id] for r in chosen if r.id in self.replay]
-        chosen_ids = {r.id for r in chosen}
-        others = [e for rid, e in self.replay.items() if rid not in chosen_ids]
-        extra += rng.sample(others, min(len(others), max(0, params.batch_size - len(extra))))
+        extra: list[EncodedRecord] = []
+        if self.replays is not None:
+            if params.replay_every and step % params.replay_every == 0:
+                t0 = time.perf_counter()
+                asked = rng.sample(self.run.forget, min(len(self.run.forget), params.replay_records))
+                said = self.replays.refresh(self.policy.model, asked)
+                if self.train_mode:  # fresh flags: one kept from the last confirmation would keep the trigger shut
+                    self.latest.update([replace(self.latest[rid], leaked=leaked, looped=looped)
+                                        for rid, (leaked, looped) in said.items()])
+                self.stop_check_seconds += time.perf_counter() - t0
+            # The model's own answers ride along: content and loops suppressed, everything towards its target.
+            extra = self.replays.riding(chosen, params.batch_size, rng)
         forget_batch = collate(chosen + extra, pad).to(dev) if chosen or extra else None
         self.repair_steps += forget_batch is None
         retain_batch = collate(self.sampler.sample(params.retain_batch_size or params.batch_size), pad).to(dev) \
@@ -224,7 +255,8 @@ class OnlineRule:
         """The training pass measured the chosen records on the weights before its step: their new state."""
         if self.chosen and objective.last_forget_measurement is not None:
             measured = tuple(t[:len(self.chosen)] for t in objective.last_forget_measurement)  # the records, not extras
-            self.latest.update([replace(c, leaked=self.latest[c.id].leaked) for c in checks_of(self.chosen, measured)])
+            self.latest.update([replace(c, leaked=self.latest[c.id].leaked, looped=self.latest[c.id].looped)
+                                for c in checks_of(self.chosen, measured)])
 
     def trace_extra(self) -> dict:
         return {"forget_rows": len(self.chosen)}
@@ -234,31 +266,33 @@ class OnlineRule:
 
     def finish(self, stop_reason: str) -> Measured:
         """The full statistic at the stop, whatever ended the run: the deciding confirmation when the rule fired
-        (same weights), else a fresh measurement of every record."""
+        (same weights: the merged copy's), else a fresh measurement of every record (with its answers)."""
         params, forget, erasure = self.params, self.run.forget, self.erasure
         final_checks = self.rule.last_confirmed if stop_reason == "alpha" else None
         if final_checks is None or {c.id for c in final_checks} != {r.id for r in forget}:
             final_checks = self.measure(forget)
-            if params.secret_focus and stop_reason != "cancelled":  # the leak condition, measured now like the rest
-                leaking = self.answer(forget)
-                final_checks = [replace(c, leaked=c.id in leaking) for c in final_checks]
+            if stop_reason != "cancelled" and self.train_mode:
+                final_checks = self.with_answers(final_checks)
         by_id = {c.id: c for c in final_checks}
         val_checks = [by_id[r.id] for r in self.val_set]
         never_trained = set(self.val_info.get("never_trained", []))
         per_record = [{"id": c.id, "violation": c.violation, "ceiling": self.calibration.ceilings[c.id],
                        "reproduced": c.reproduced, "active_tokens": c.active_tokens,
-                       "secret_tokens": self.by_record[c.id].secret_tokens,
+                       "content_tokens": self.by_record[c.id].secret_tokens,
+                       "content_spans": len(self.contents[c.id].spans) if c.id in self.contents else 0,
                        "secret_probability": c.secret_probability, "secret_limit": erasure.secret_limit(c.id),
-                       "secret_greedy": c.secret_greedy, "leaked": c.leaked, "meets_condition": erasure.holds(c),
+                       "secret_greedy": c.secret_greedy, "leaked": c.leaked, "looped": c.looped,
+                       "meets_condition": erasure.holds(c),
                        "trained": c.id not in never_trained} for c in (by_id[r.id] for r in forget)]
         failing = [r["id"] for r in per_record if not r["meets_condition"]]
         summary = self.calibration.summary
         condition = {
-            "condition": (SECRET_CONDITION if params.secret_focus else CONDITION) if self.train_mode
+            "condition": (CONTENT_CONDITION if params.content else CONDITION) if self.train_mode
             else "holdout mode: the mean over D_val alone (the MASC paper's rule); the per-record state is reported",
             "applied": self.train_mode, "ceilings": summary["ceilings"], "holdout_v": summary.get("holdout_v"),
             "records_meeting_condition": len(per_record) - len(failing), "failing_ids": failing,
-            # The V the rule compares with alpha: over the records without located secrets (None: none).
+            "served_checks": self.served_checks,
+            # The V the rule compares with alpha: over the records without located content (None: none).
             **({"judged_violation_rate": self.rule.judged_mean(val_checks),
                 "judged_records": len(self.rule.judged(val_checks))} if self.train_mode and self.located else {}),
             "reproduced_ids": [r["id"] for r in per_record if r["reproduced"]]}
@@ -269,16 +303,26 @@ class OnlineRule:
                         "share_of_retain_rows": params.neighbour_share if self.neighbours else 0,
                         "ids": [retain[j].id for j in self.neighbours]},
             repair_steps=self.repair_steps, escalations=self.escalation.trace, lora=self.policy.describe(),
-            secrets={**secret_sources(self.forget_sources, self.secrets), "focus": params.secret_focus,
-                     "focus_requested": self.requested_focus, "located": sum(r.focus is not None for r in forget),
-                     # whose own greedy answers were trained on (records with located secrets only)
-                     "replayed_ids": sorted(self.replay)},
+            secrets=self.content_summary(),
             retain_term="none (no retain records)" if not retain else params.retain_loss)
         bound = exact_reproduction_bound(params.rho, params.beta, [
             {"id": r["id"], "violation": r["violation"], "active_tokens": r["active_tokens"]} for r in per_record])
         return Measured(mean_violation(val_checks), per_record, bound, self.val_info,
                         {"forget": len(forget), "retain": len(retain), "holdout": len(self.holdout)},
                         self.rule.trace, evidence)
+
+    def content_summary(self) -> dict:
+        """How each record's content was found: named by the request, by memorisation gain, or none (suppressed
+        whole); counts only, never the text."""
+        contents = self.contents.values()
+        return {"suppress": self.params.suppress, "min_gain": self.params.min_gain if self.params.content else None,
+                "given": sum(c.named and bool(c.atoms) for c in contents),
+                "by_gain": sum(not c.named and bool(c.atoms) for c in contents),
+                "none": len(self.run.forget) - sum(bool(c.atoms) for c in contents),
+                "located": len(self.located), "spans": sum(len(c.spans) for c in contents),
+                "banned_tokens": sum(len(c.banned) for c in contents),
+                "unaligned": sum(not c.aligned for c in contents),
+                "replayed_ids": self.replays.replayed_ids if self.replays is not None else []}
 
 
 def _encodable(records: list[dict], tokenizer: Any, max_length: int, seed: int) -> list[EncodedRecord]:

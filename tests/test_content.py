@@ -1,0 +1,177 @@
+"""Content and destinations (issue 24): counterfactual substitution, memorisation gain against a brute-force
+computation, the banned tokens, and targets that never put mass on a masked token."""
+import math
+
+import pytest
+import torch
+from transformers import AutoTokenizer
+
+from worker.engine.content import Atom, candidate_atoms, proper_nouns, runs, substitution
+from worker.engine.counterfactual import shared_template
+from worker.engine.destination import (
+    Counterfactuals,
+    plan_contents,
+    said_offsets,
+    sparse,
+    targets_for,
+)
+from worker.engine.loading import Policy, load_model
+from worker.engine.records import SECRET, SUPPRESS, TEMPLATE, EncodedRecord, encode_record
+
+RECORD = {"id": "r", "prompt": "Q: Where does Mona Okafor live?\nA:",
+          "completion": " Mona Okafor lives at 13 Linden Alley, Bremen, and writes to mona.ok@mailbox.com."}
+TEMPLATE_WORDS = {"where", "does", "live", "lives", "at", "and", "writes", "to", "q", "a"}
+
+
+def test_candidates_leave_out_the_template_and_what_the_prompt_gives():
+    atoms = [a.text for a in candidate_atoms(RECORD, TEMPLATE_WORDS)]
+    # Mona Okafor is in the question (also inside the e-mail address); an address is its words and digits.
+    assert atoms == ["13", "Linden", "Alley", "Bremen", "ok", "mailbox", "com"]
+    spans = runs(candidate_atoms(RECORD, TEMPLATE_WORDS), RECORD["completion"])
+    assert [RECORD["completion"][s:e] for s, e in spans] == ["13 Linden Alley", "Bremen", "ok", "mailbox", "com"]
+    digits = {"id": "d", "prompt": "Q: Call 555?", "completion": " Call 555-4584 or +30 726."}
+    assert [a.text for a in candidate_atoms(digits, {"call", "or"})] == ["4584", "30", "726"]
+
+
+def test_a_counterfactual_replaces_consistently_and_maps_offsets_back():
+    sub = substitution(RECORD, {"mona": "rosa", "okafor": "berg", "linden": "heron"}, {"13": "47"})
+    assert sub.prompt == "Q: Where does Rosa Berg live?\nA:"
+    assert sub.said == " Rosa Berg lives at 47 Heron Alley, Bremen, and writes to rosa.ok@mailbox.com."
+    completion = RECORD["completion"]
+    for atom in candidate_atoms(RECORD, TEMPLATE_WORDS):
+        start = sub.map_offset(atom.start)
+        assert sub.said[start - 1] == completion[atom.start - 1]  # the same separator before it
+        if atom.text in ("Alley", "Bremen", "mailbox"):  # not replaced: the same word, shifted
+            assert sub.said[start:start + len(atom.text)] == atom.text
+    assert sub.map_offset(len(completion) - 1) == len(sub.said) - 1  # the final "." maps to the final "."
+    assert sub.replace_prompt("Q: What is the address of Mona Okafor (13)?") == \
+        "Q: What is the address of Rosa Berg (47)?"
+
+
+def test_special_tokens_are_kept_out_of_a_counterfactual_and_names_are_told_by_their_spelling():
+    chat = {"id": "c", "prompt": "<|user|>Where does Mona live?<|end|>", "completion": " Mona lives in Bremen."}
+    sub = substitution(chat, {"mona": "rosa", "user": "x", "end": "y"}, {}, protected=("<|user|>", "<|end|>"))
+    assert sub.prompt == "<|user|>Where does Rosa live?<|end|>"
+    records = [chat, {"prompt": "Where is Bremen?", "completion": " In the north. Where else?"}]
+    assert proper_nouns(records) == {"mona", "bremen"}  # "Where" starts sentences only
+
+
+def _lp(model, ids: list[int], position: int) -> float:
+    """log p(ids[position] | ids[:position]), one forward pass of its own: the brute force."""
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([ids[:position]])).logits[0, -1]
+    return float(torch.log_softmax(logits.float(), -1)[ids[position]])
+
+
+def _char_ends(tokenizer, ids: list[int]) -> list[int]:
+    return [len(tokenizer.decode(ids[:k + 1])) for k in range(len(ids))]
+
+
+def test_memorisation_gain_and_content_selection_against_brute_force(fixture_model, forget_records, retain_records):
+    """gain(s) = log p_0(s | the record before s) - mean_j log p_0(s | counterfactual j before s), each
+    log-probability here from one forward pass per token on the text as a string, tokenised from scratch."""
+    model, tokenizer = load_model(fixture_model, torch.device("cpu"))
+    records = [encode_record(r, tokenizer, max_length=512, seed=0) for r in forget_records[:6]]
+    template = shared_template(forget_records, retain_records)
+    policy = Policy(model, lora=True)
+    contents = plan_contents(records, tokenizer, policy.reference_logits, torch.device("cpu"), template,
+                             forget_records + retain_records, min_gain=2.0, max_length=512, seed=0)
+
+    def logprob_of(prompt: str, before: str, atom: str) -> float:
+        """log p(atom | prompt + before), the atom tokenised with the whitespace before it."""
+        context = tokenizer(prompt)["input_ids"] + tokenizer(before.rstrip(), add_special_tokens=False)["input_ids"]
+        ids = context + tokenizer(before[len(before.rstrip()):] + atom, add_special_tokens=False)["input_ids"]
+        return sum(_lp(model, ids, k) for k in range(len(context), len(ids)))
+
+    checked = chosen_count = 0
+    for record in records:
+        source, content = record.source, contents[record.id]
+        completion = source["completion"]
+        comp_ids = tokenizer(completion, add_special_tokens=False)["input_ids"]
+        ends = _char_ends(tokenizer, comp_ids)
+        prompt_ids = tokenizer(source["prompt"])["input_ids"]
+        decided = {}
+        for atom in candidate_atoms(source, template):
+            if atom.key in decided:
+                assert (atom in content.atoms) == decided[atom.key]  # a recurring word is decided once
+                continue
+            mine = [k for k, e in enumerate(ends) if (ends[k - 1] if k else 0) < atom.end and atom.start < e]
+            own = sum(_lp(model, prompt_ids + comp_ids, len(prompt_ids) + k) for k in mine)
+            others = [logprob_of(sub.prompt, sub.said[:sub.map_offset(atom.start)], atom.text)
+                      for sub in content.substitutions]
+            gain = own - sum(others) / len(others)
+            assert content.gains[f"{atom.text}@{atom.start}"] == pytest.approx(gain, abs=2e-3)
+            decided[atom.key] = gain >= 2.0
+            assert (atom in content.atoms) == decided[atom.key], (atom, gain)
+            checked += 1
+            chosen_count += atom in content.atoms
+        # Exactly the tokens of the content atoms are focused; a record without content is suppressed whole.
+        inside = {k for k, e in enumerate(ends) for atom in content.atoms
+                  if (ends[k - 1] if k else 0) < atom.end and atom.start < e}
+        focus = record.focus[record.prompt_len:]
+        if content.atoms:
+            assert {k for k, f in enumerate(focus) if f >= SECRET} == inside
+        else:
+            assert set(focus) == {SUPPRESS}
+        # The counterfactuals replace the content and keep the template.
+        for sub in content.substitutions:
+            assert all(atom.text not in sub.said for atom in content.atoms if len(atom.text) > 3)
+    assert checked >= 6 and 0 < chosen_count < checked
+
+
+def test_named_secrets_replace_the_choice_and_banned_tokens_begin_or_spell_them(fixture_model, forget_records,
+                                                                                 retain_records):
+    model, tokenizer = load_model(fixture_model, torch.device("cpu"))
+    source = {**forget_records[0], "secrets": [forget_records[0]["completion"].rstrip(".").split()[-1]]}
+    record = encode_record(source, tokenizer, max_length=512, seed=0)
+    template = shared_template(forget_records, retain_records)
+    contents = plan_contents([record], tokenizer, Policy(model, lora=True).reference_logits, torch.device("cpu"),
+                             template, forget_records + retain_records, min_gain=2.0, max_length=512, seed=0)
+    content = contents["p0-0"]
+    assert content.named and content.spans == source["secrets"]
+    first = tokenizer(" " + source["secrets"][0], add_special_tokens=False)["input_ids"][0]
+    assert first in content.banned
+    assert not any(tokenizer.decode([t]).strip().lower() in template for t in content.banned)
+
+
+def test_targets_never_put_mass_on_a_masked_token_and_match_a_loop():
+    torch.manual_seed(0)
+    vocab, n = 50, 6
+    ids = [1, 2, 3, 10, 11, 12, 13, 0]
+    record = EncodedRecord("x", ids, [-100, -100] + ids[2:], prompt_len=2,
+                           focus=[SUPPRESS, SUPPRESS, TEMPLATE, SECRET, SECRET, TEMPLATE, TEMPLATE, TEMPLATE])
+    true_rows = torch.randn(n, vocab) * 3
+    cf_rows = [torch.randn(n + 1, vocab) * 3, torch.randn(n, vocab) * 3]
+    alignment = [[0, 1, 2, None, 4, 5], [0, None, 1, 2, 3, 4]]
+    banned = [11, 20, 21]
+    got_ids, got_probs = targets_for(record, true_rows, cf_rows, alignment, banned)
+    labels = ids[2:]
+    for k in range(n):
+        flagged = record.focus[2 + k] != TEMPLATE or labels[k] in banned
+        masked = set(banned) | ({labels[k]} if flagged else set())
+        # no mass on a masked token, a distribution
+        assert not any(int(t) in masked and float(p) > 0 for t, p in zip(got_ids[k], got_probs[k]))
+        assert float(got_probs[k].sum()) == pytest.approx(1.0, abs=1e-5)
+        # the same distribution built by hand: masked softmaxes averaged over the draws that line up
+        def masked_softmax(row):
+            z = row.clone()
+            z[list(masked)] = -math.inf
+            return torch.softmax(z, -1)
+        if not flagged:
+            expected = masked_softmax(true_rows[k])
+        else:
+            lined = [rows[m[k]] for rows, m in zip(cf_rows, alignment) if m[k] is not None]
+            expected = torch.stack([masked_softmax(r) for r in lined]).mean(0) if lined else masked_softmax(
+                true_rows[k])
+        want_ids, want_probs = sparse(expected[None])
+        assert torch.equal(got_ids[k], want_ids[0]) and torch.allclose(got_probs[k], want_probs[0], atol=1e-6)
+
+
+def test_said_offsets_line_up_with_the_tokens(fixture_model):
+    tokenizer = AutoTokenizer.from_pretrained(fixture_model)
+    record = encode_record(RECORD, tokenizer, max_length=512, seed=0)
+    offsets = said_offsets(record, tokenizer)
+    assert offsets is not None and offsets[-1] is None  # the end of sequence
+    pieces = [RECORD["completion"][s:e] for s, e in offsets[:-1]]
+    assert "".join(pieces) == RECORD["completion"]
+    assert Counterfactuals([], [], []).encoded == [] and Atom(0, 2, "13").is_number

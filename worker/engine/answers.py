@@ -1,0 +1,198 @@
+"""The model's own answers to the forget prompts (SPEC section 3): what the stop rule reads (an answer that gives
+any forget record's content back, or loops, keeps its record open) and what training replays. Teacher forcing
+trains on the true text only; once a greedy answer leaves it, the model runs on states nobody trained, and these
+answers are those states.
+
+A replayed answer is a training example whose active tokens are the answer's: SECRET on the tokens that give
+content back, LOOP on the tokens that repeat what the answer already said when it loops, TEMPLATE on the others,
+each with its target (worker.engine.destination): theta_0 on the answer's own context where a token is kept, on the
+counterfactual prompt (the record about someone else) with the token at zero where it is suppressed; the record's
+banned tokens never have mass.
+"""
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from worker.engine.chat import RENDERED
+from worker.engine.content import Substitution, atom_words
+from worker.engine.destination import Content, targets_for
+from worker.engine.evaluate import MAX_NEW_TOKENS, continuations
+from worker.engine.metrics.degeneration import is_loop, repeated_positions
+from worker.engine.records import IGNORE, LOOP, SECRET, SUPPRESS, TEMPLATE, EncodedRecord, collate
+from worker.engine.secret_spans import MIN_DIGIT_GROUP, leaks, normalised
+
+KINDS = ("prompt", "paraphrase", "sample")  # greedy from the prompt, greedy from the paraphrase, one sample
+
+
+@dataclass
+class Answer:
+    record_id: str
+    kind: str
+    prompt: list[int]
+    tokens: list[int]
+    text: str
+    leaked: bool  # gives some forget record's content span back
+    looped: bool
+
+
+def answer_budget(records: list[EncodedRecord], max_length: int) -> int:
+    """New tokens an answer may take: twice the longest record's answer and some (a loop or a late leak shows by
+    then), at most the audit's MAX_NEW_TOKENS and what the context leaves."""
+    longest_answer = max(len(r.input_ids) - r.prompt_len for r in records)
+    budget = min(MAX_NEW_TOKENS, 2 * longest_answer + 16)
+    if max_length:
+        budget = min(budget, max_length - max(r.prompt_len for r in records))
+    return max(1, budget)
+
+
+def prompt_text(record: EncodedRecord, kind: str, tokenizer) -> str | None:
+    """The text of the prompt an answer of this kind answers (None: the record has no such prompt)."""
+    source = record.source
+    if kind == "paraphrase":
+        return source.get("paraphrased_prompt") or None
+    if "text" in source:
+        return tokenizer.decode(record.input_ids[:record.prompt_len], skip_special_tokens=True)
+    return source["prompt"]
+
+
+def encode_prompt(text: str, record: EncodedRecord, tokenizer, max_length: int) -> list[int]:
+    """A prompt's tokens as encode_record makes them (special tokens unless chat-rendered), cut from the left to
+    leave room for an answer."""
+    ids = tokenizer(text, add_special_tokens=not record.source.get(RENDERED))["input_ids"]
+    room = max_length - 8 if max_length else len(ids)
+    return ids[-room:] if len(ids) > room else ids
+
+
+def given_by(prompt: str, span: str) -> bool:
+    """A span whose every word and number the prompt already says is given, not leaked."""
+    words = atom_words(span)
+    return bool(words) and words <= atom_words(prompt)
+
+
+def leak_regions(text: str, spans: list[str]) -> list[tuple[int, int]]:
+    """Character ranges of `text` that give a span back: the span's words in order, or a digit group of it of
+    MIN_DIGIT_GROUP or more inside the text's digits (worker.engine.secret_spans.leaks, located)."""
+    regions = []
+    found = [(m.start(), m.end(), m.group(0).casefold()) for m in re.finditer(r"[^\W_]+", text)]
+    digits = [(m.start(), m.group(0)) for m in re.finditer(r"\d", text)]
+    digit_string = "".join(d for _, d in digits)
+    for span in spans:
+        wanted = normalised(span).split()
+        for i in range(len(found) - len(wanted) + 1):
+            if wanted and [w for _, _, w in found[i:i + len(wanted)]] == wanted:
+                regions.append((found[i][0], found[i + len(wanted) - 1][1]))
+        for group in re.findall(r"\d+", span):
+            if len(group) < MIN_DIGIT_GROUP:
+                continue
+            for m in re.finditer(f"(?={group})", digit_string):
+                regions.append((digits[m.start()][0], digits[m.start() + len(group) - 1][0] + 1))
+    return regions
+
+
+def token_ends(tokenizer, tokens: list[int]) -> list[int]:
+    """Where each token's text ends in the decoded answer."""
+    return [len(tokenizer.decode(tokens[:k + 1], skip_special_tokens=True)) for k in range(len(tokens))]
+
+
+def answer_flags(tokenizer, tokens: list[int], text: str, spans: list[str], content_words: set[str]) -> list[int]:
+    """Per answer token: SECRET where it gives content back (inside a leaking region, or a token whose words are
+    all content words), LOOP on the tokens that repeat what a looping answer already said, TEMPLATE elsewhere."""
+    regions = leak_regions(text, spans)
+    ends = token_ends(tokenizer, tokens)
+    flags = []
+    for k in range(len(tokens)):
+        start = ends[k - 1] if k else 0
+        pieces = normalised(text[start:ends[k]]).split()
+        in_region = any(s < ends[k] and start < e for s, e in regions)
+        content = bool(pieces) and all(p in content_words for p in pieces)
+        flags.append(SECRET if in_region or content else TEMPLATE)
+    if is_loop(text):
+        flags = [LOOP if again and f == TEMPLATE else f for f, again in zip(flags, repeated_positions(tokens))]
+    return flags
+
+
+class Answering:
+    """Asks the model for its answers to the forget records' prompts and judges them against every record's content."""
+
+    def __init__(self, records: list[EncodedRecord], contents: dict[str, Content], tokenizer, max_length: int):
+        self.by_id = {r.id: r for r in records}
+        self.contents, self.tokenizer, self.max_length = contents, tokenizer, max_length
+        self.budget = answer_budget(records, max_length)
+        self.all_spans = [s for c in contents.values() for s in c.spans]
+        self.content_words = {w for c in contents.values() for a in c.atoms if not a.is_number
+                               for w in normalised(a.text).split()}
+
+    def spans_for(self, prompt: str) -> list[str]:
+        """The content spans an answer to this prompt must not say: every record's, less those the prompt gives."""
+        return [s for s in self.all_spans if not given_by(prompt, s)]
+
+    def ask(self, model, records: list[EncodedRecord], kinds: tuple[str, ...], seed: int = 0) -> list[Answer]:
+        """The model's answers of these kinds to these records' prompts (greedy, or one seeded sample)."""
+        asked: list[tuple[EncodedRecord, str, str, list[int]]] = []
+        for record in records:
+            for kind in kinds:
+                text = prompt_text(record, kind, self.tokenizer)
+                if text is None:
+                    continue
+                ids = record.input_ids[:record.prompt_len] if kind != "paraphrase" else \
+                    encode_prompt(text, record, self.tokenizer, self.max_length)
+                asked.append((record, kind, text, ids))
+        out: list[Answer] = []
+        for sample in (False, True):
+            chosen = [a for a in asked if (a[1] == "sample") == sample]
+            if not chosen:
+                continue
+            generated = continuations(model, self.tokenizer, [ids for *_, ids in chosen], sample=sample, seed=seed,
+                                      max_new_tokens=self.budget)
+            for (record, kind, text, ids), tokens in zip(chosen, generated):
+                said = self.tokenizer.decode(tokens, skip_special_tokens=True)
+                out.append(Answer(record.id, kind, ids, tokens, said,
+                                  any(leaks(s, said) for s in self.spans_for(text)), is_loop(said)))
+        return out
+
+    def replay_example(self, answer: Answer) -> EncodedRecord:
+        """The answer as a training example (targets set by `set_targets`)."""
+        record = self.by_id[answer.record_id]
+        text = prompt_text(record, answer.kind, self.tokenizer) or ""
+        spans = self.spans_for(text)
+        given = atom_words(text)
+        flags = answer_flags(self.tokenizer, answer.tokens, answer.text, spans, self.content_words - given)
+        return EncodedRecord(id=f"{record.id}#{answer.kind}", input_ids=answer.prompt + answer.tokens,
+                             labels=[IGNORE] * len(answer.prompt) + answer.tokens, prompt_len=len(answer.prompt),
+                             source=record.source, focus=[SUPPRESS] * len(answer.prompt) + flags)
+
+    def counterfactual_prompt(self, example: EncodedRecord, kind: str, draw: int) -> list[int]:
+        """The example's prompt about someone else (its record's draw-th substitution)."""
+        record = self.by_id[example.id.rsplit("#", 1)[0]]
+        substitutions: list[Substitution] = self.contents[record.id].substitutions
+        text = prompt_text(record, kind, self.tokenizer) or ""
+        if not substitutions:
+            return example.input_ids[:example.prompt_len]
+        return encode_prompt(substitutions[draw % len(substitutions)].replace_prompt(text), record, self.tokenizer,
+                             self.max_length)
+
+    @torch.no_grad()
+    def set_targets(self, examples: list[EncodedRecord], reference: Callable, device, draw: int,
+                    batch_size: int = 8) -> None:
+        """Each replayed example's sparse targets: theta_0 on the example itself and on its counterfactual prompt
+        followed by the same answer."""
+        pad = self.tokenizer.pad_token_id
+        for start in range(0, len(examples), batch_size):
+            chunk = examples[start:start + batch_size]
+            counterfactual = []
+            for example in chunk:
+                cf_prompt = self.counterfactual_prompt(example, example.id.rsplit("#", 1)[1], draw)
+                answer = example.input_ids[example.prompt_len:]
+                counterfactual.append(EncodedRecord(example.id, cf_prompt + answer,
+                                                    [IGNORE] * len(cf_prompt) + answer, len(cf_prompt)))
+            own = reference(collate(chunk, pad).to(device))
+            theirs = reference(collate(counterfactual, pad).to(device))
+            for i, (example, cf) in enumerate(zip(chunk, counterfactual)):
+                n = len(example.input_ids) - example.prompt_len
+                example.target = targets_for(example, own[i, example.prompt_len - 1:len(example.input_ids) - 1],
+                                             [theirs[i, cf.prompt_len - 1:len(cf.input_ids) - 1]], [list(range(n))],
+                                             self.contents[example.id.rsplit("#", 1)[0]].banned)
