@@ -32,7 +32,7 @@ def runs(forget: list[dict], named: list[dict]) -> list[tuple[str, str, dict, st
         ("masc_hoeffding", "masc", {"lr": 1e-3, "max_steps": 300, "hoeffding": True, "alpha": 0.5}, None, forget),
         ("masc_named_fast", "masc", {"lr": 1e-3, "max_steps": 300}, None, named),
         ("masc_holdout", "masc", {"val_mode": "holdout", "max_steps": 20, "lr": 1e-3}, None, forget),
-        ("masc_secret_focus", "masc", {"max_steps": 30}, "secret-focus", forget),
+        ("masc_whole_record", "masc", {"max_steps": 30}, "whole-record", forget),
         ("masc_named", "masc", {"max_steps": 40}, None, named),
         ("masc_muse", "masc", {"max_steps": 20}, "muse-news", forget),
         ("masc_full", "masc", {"max_steps": 15, "lora": False, "lr": 1e-4}, None, forget),

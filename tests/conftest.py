@@ -9,7 +9,8 @@ from worker.engine.synthetic import synthetic_people
 
 # Modules that train models or drive the service end to end: `make test-fast` leaves them out (issue 13).
 SLOW_MODULES = {"test_unlearning_end_to_end", "test_architectures", "test_baselines", "test_mcu", "test_audit",
-                "test_chat", "test_documents", "test_cli", "test_calibration", "test_secrets"}
+                "test_chat", "test_documents", "test_cli", "test_calibration", "test_secrets", "test_content",
+                "test_rule_answers"}
 
 
 def pytest_collection_modifyitems(items):

@@ -91,18 +91,21 @@ def test_masc_runs_saves_and_reloads_on_every_family(family, tokenizer, records,
     assert all(kinds[t] in ("linear", "conv1d") and t != shape.output_head for t in targets)
 
     if family in REQUIRED:
-        # The preset secret-focus: each record's secret placed on this family's tokens, the model's own
-        # answers replayed at every step. A random model never says a secret, so only a limit of 1e-12 keeps
-        # the rule from firing at once; without retain records no prior raises that limit.
-        focused = run_unlearning(str(source), records[:3], [], params=MascParams.from_dict(
-            {"secret_max_probability": 1e-12, "max_steps": 2, "replay_every": 1, "lr": 1e-3}, preset="secret-focus"))
-        r = focused.result.as_dict()
-        assert r["stop_reason"] == "max_steps" and r["secrets"]["located"] == 3
-        assert all("redistribute" in entry for entry in r["loss_trace"])
+        # The default with named secrets: each record's secret placed on this family's tokens, its counterfactuals
+        # written by the model, targets on every token, the model's own answers replayed at every step. A random
+        # model never says a secret, so only a limit of 1e-12 keeps the rule from firing at once; without retain
+        # records no prior raises that limit.
+        with_secrets = [dict(r, secrets=[r["completion"].rstrip(".").split()[-1]]) for r in records[:3]]
+        named = run_unlearning(str(source), with_secrets, [], params=MascParams.from_dict(
+            {"content_max_probability": 1e-12, "max_steps": 2, "replay_every": 1, "lr": 1e-3}))
+        r = named.result.as_dict()
+        assert r["stop_reason"] == "max_steps" and r["secrets"]["located"] == 3 and r["secrets"]["unaligned"] == 0
+        assert all("target" in entry for entry in r["loss_trace"])
 
-    # The default, whole records: rho 1e-12 (tau -27.6): nearly every token of a random model counts as
-    # dominant, so with ceilings of 0.01 the rule cannot fire before the cap of 3 steps.
-    params = MascParams.from_dict({"rho": 1e-12, "alpha": 0.01, "record_ceiling": 0.01, "max_steps": 3, "lr": 1e-3})
+    # Whole records: rho 1e-12 (tau -27.6): nearly every token of a random model counts as dominant, so with
+    # ceilings of 0.01 the rule cannot fire before the cap of 3 steps.
+    params = MascParams.from_dict({"rho": 1e-12, "alpha": 0.01, "record_ceiling": 0.01, "max_steps": 3, "lr": 1e-3,
+                                   "suppress": "whole"})
     outcome = run_unlearning(str(source), records[:3], records[3:9], params=params)
     assert outcome.result.as_dict()["stop_reason"] == "max_steps" and outcome.result.as_dict()["steps"] == 3
     assert outcome.result.as_dict()["lora"]["count"] == len(targets)

@@ -153,7 +153,7 @@ def test_targets_never_put_mass_on_a_masked_token_and_match_a_loop():
         assert not any(int(t) in masked and float(p) > 0 for t, p in zip(got_ids[k], got_probs[k]))
         assert float(got_probs[k].sum()) == pytest.approx(1.0, abs=1e-5)
         # the same distribution built by hand: masked softmaxes averaged over the draws that line up
-        def masked_softmax(row):
+        def masked_softmax(row, masked=masked):
             z = row.clone()
             z[list(masked)] = -math.inf
             return torch.softmax(z, -1)

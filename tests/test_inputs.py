@@ -1,5 +1,4 @@
 """Records and parameters: encoding (EOS, active tokens, continuation split, truncation) and bad input."""
-import dataclasses
 
 import pytest
 import torch
@@ -116,7 +115,8 @@ def test_read_records_json_and_jsonl(tmp_path):
     ({"record_ceiling": 1.5}, None, "record_ceiling"), ({"lora_targets": []}, None, "lora_targets"),
     ({"lora_targets": ["auto", "q_proj"]}, None, "lora_targets"), ({"neighbour_share": 1.5}, None, "neighbour_share"),
     ({"val_mode": "all"}, None, "val_mode"),
-    ({"secret_focus": "sometimes"}, None, "secret_focus"),
+    ({"suppress": "sometimes"}, None, "suppress"),
+    ({"secret_focus": True}, None, "unknown parameter 'secret_focus'"),  # replaced by suppress (issue 24)
     ({"lr": 1e308}, None, "lr"),  # accepted with 202 before issue 12, and would have run
     ({"max_steps": 1e308}, None, "max_steps"),
     ({"max_steps": 10 ** 7}, None, "max_steps"),
@@ -124,7 +124,8 @@ def test_read_records_json_and_jsonl(tmp_path):
     ({"seed": 2 ** 33}, None, "seed"),
     ({"k": 10 ** 5}, None, "k"),
     ({"lambda_retain": "often"}, None, "lambda_retain"),
-    ({"lambda_redistribute": -1}, None, "lambda_redistribute"),
+    ({"lambda_target": -1}, None, "lambda_target"),
+    ({"greedy_margin": -0.5}, None, "greedy_margin"),
 ])
 def test_bad_parameters_are_refused_by_name(values, preset, message):
     with pytest.raises(EngineInputError, match=message):
@@ -148,29 +149,22 @@ def test_presets_carry_the_published_defaults_and_explicit_values_win():
         ("auto", "auto", "auto", "train")
     assert (defaults.rho, defaults.eta, defaults.k, defaults.beta) == \
         (scaling.rho, scaling.eta, scaling.k, scaling.beta)
-    assert set(PRESETS) == {"qwen2.5-scaling", "tofu-llama2", "muse-news", "whole-record", "secret-focus"}
-    # Secret focus where the request names secrets ("auto", decided per run); "whole-record" is the paper's
-    # suppression of every token, "secret-focus" focuses on every record's secrets, named or extracted.
-    focused = MascParams.from_dict({"seed": 1}, preset="secret-focus")
-    assert (focused.secret_focus, focused.lambda_retain, focused.lambda_redistribute, focused.keep_weight,
-            focused.seed) == (True, 3.0, 3.0, 3.0, 1)
-    assert (defaults.secret_focus, defaults.lambda_retain, defaults.lambda_redistribute, defaults.lambda_keep) == \
-        ("auto", "auto", "auto", "auto")
-    named, unnamed = defaults.resolved(focused=True), defaults.resolved(focused=False)
-    assert dataclasses.replace(named, seed=1) == dataclasses.replace(focused, lambda_keep="auto")
-    assert (unnamed.secret_focus, unnamed.lambda_retain, unnamed.keep_weight) == (False, 1.0, 0.0)
+    assert set(PRESETS) == {"qwen2.5-scaling", "tofu-llama2", "muse-news", "whole-record"}
+    # One default for named secrets and plain records alike: content suppression with destinations (issue 24);
+    # "whole-record" is the paper's suppression of every token with our per-record rule.
+    assert (defaults.suppress, defaults.lambda_retain, defaults.lambda_keep, defaults.greedy_margin) == \
+        ("content", "auto", "auto", 1.0)
+    assert (defaults.resolved().lambda_retain, defaults.keep_weight) == (3.0, 3.0)
     whole = MascParams.from_dict({}, preset="whole-record")
-    assert (whole.secret_focus, whole.lambda_retain, whole.lambda_redistribute, whole.keep_weight) == \
-        (False, 1.0, 0.0, 0.0)
-    assert dataclasses.replace(whole, lambda_fluency=1.0, lambda_redistribute=3.0, lambda_keep="auto") == unnamed
-    # Explicit values win over "auto"; true and false are not re-decided by the data.
-    assert MascParams.from_dict({"lambda_retain": 2}).resolved(focused=True).lambda_retain == 2.0
-    assert MascParams.from_dict({"secret_focus": False}).resolved(focused=True).secret_focus is False
-    assert MascParams.from_dict({"secret_focus": "true"}).resolved(focused=False).secret_focus is True
+    assert (whole.suppress, whole.resolved().lambda_retain, whole.keep_weight, whole.greedy_margin) == \
+        ("whole", 1.0, 0.0, 0.0)
+    # Explicit values win over "auto".
+    assert MascParams.from_dict({"lambda_retain": 2}).resolved().lambda_retain == 2.0
+    assert MascParams.from_dict({"suppress": "whole"}).resolved().lambda_retain == 1.0
     # The published presets suppress whole records, and "auto" keeps no gaps with a cross-entropy retain term.
-    assert not any(MascParams.from_dict({}, preset=p).secret_focus
-                   for p in ("qwen2.5-scaling", "tofu-llama2", "muse-news"))
-    assert MascParams.from_dict({"retain_loss": "nll", "secret_focus": True}).keep_weight == 0.0
+    assert all(MascParams.from_dict({}, preset=p).suppress == "whole"
+               for p in ("qwen2.5-scaling", "tofu-llama2", "muse-news"))
+    assert MascParams.from_dict({"retain_loss": "nll"}).keep_weight == 0.0
     with pytest.raises(EngineInputError, match="lambda_keep"):  # no term that silently does nothing
         MascParams.from_dict({"lambda_keep": 1.0, "retain_loss": "nll"})
     assert MascParams.from_dict({"seed": 2 ** 31 - 1}).seed == 2 ** 31 - 1  # a common seed stays allowed

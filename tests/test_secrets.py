@@ -7,10 +7,11 @@ import torch
 from transformers import AutoTokenizer
 
 from worker.engine import margin as M
-from worker.engine.extraction import answer_focus, greedy_leaks, secret_priors
+from worker.engine.answers import answer_flags
+from worker.engine.extraction import greedy_leaks, secret_priors
 from worker.engine.metrics.degeneration import answer_perplexity, distinct_2, is_loop, repeated_positions
-from worker.engine.records import IGNORE, LOOP, SECRET, TEMPLATE, encode_record
-from worker.engine.secret_spans import leaks, record_secrets, secret_focus, secret_token_focus
+from worker.engine.records import IGNORE, LOOP, SECRET, TEMPLATE
+from worker.engine.secret_spans import leaks, record_secrets
 from worker.engine.stop_rule import ErasureCondition, RecordCheck
 
 
@@ -89,21 +90,26 @@ def test_repeated_positions_mark_every_token_of_a_repeated_trigram_by_hand():
     assert repeated_positions([1, 2]) == [False, False]
 
 
-def test_an_own_answer_marks_its_loop_and_its_secrets_but_not_template_words(fixture_model):
+def test_an_own_answer_marks_its_loop_and_its_content_but_not_template_words(fixture_model):
     tokenizer = AutoTokenizer.from_pretrained(fixture_model)
     ids = lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]  # noqa: E731
     pieces = lambda tokens, focus, kind: [tokenizer.decode([t]).strip() for t, f in zip(tokens, focus) if f == kind]  # noqa: E731
-    fluent = ids(" Kalomi works as a baker.")
-    assert pieces(fluent, answer_focus(tokenizer, fluent, " Kalomi works as a baker.", ["a baker"],
-                                       {"a", "works", "as"}),
+    said = " Kalomi works as a baker."
+    fluent = ids(said)
+    assert pieces(fluent, answer_flags(tokenizer, fluent, said, ["a baker"], set(), {"a", "works", "as"}),
                   SECRET) == ["baker"]  # "a" is said by every answer of this shape
-    assert "a" in pieces(fluent, answer_focus(tokenizer, fluent, "", ["a baker"], set()), SECRET)
+    assert "a" in pieces(fluent, answer_flags(tokenizer, fluent, said, ["a baker"], set()), SECRET)  # the span said
+    assert pieces(fluent, answer_flags(tokenizer, fluent, said, [], {"baker"}), SECRET) == ["baker"]  # a content word
+    digits = " Call 708064 or 555."
+    assert "".join(pieces(ids(digits), answer_flags(tokenizer, ids(digits), digits, ["73-708064"], set()),
+                          SECRET)) == "708064"  # a digit group of the span, not the 555
     said = " Kalomi plays the harp. Kalomi plays the harp. Kalomi plays the harp."
     looping = ids(said)
-    focus = answer_focus(tokenizer, looping, said, ["teal"], set())
+    focus = answer_flags(tokenizer, looping, said, ["teal"], set())
     once = len(ids(" Kalomi plays the harp."))
     assert LOOP not in focus[:once] and all(f == LOOP for f in focus[once:])  # the turn back and all that follows
-    assert LOOP not in answer_focus(tokenizer, looping[:2 * once], tokenizer.decode(looping[:2 * once]), [], set())
+    twice = tokenizer.decode(looping[:2 * once])
+    assert LOOP not in answer_flags(tokenizer, looping[:2 * once], twice, [], set())
 
 
 def test_answer_perplexity_is_exp_of_the_mean_answer_nll(fixture_model):
@@ -120,23 +126,6 @@ def test_answer_perplexity_is_exp_of_the_mean_answer_nll(fixture_model):
         assert math.isclose(got[rid], math.exp(float(nll)), rel_tol=1e-4)
 
 
-def test_secret_focus_marks_the_secret_tokens_and_keeps_template_words(fixture_model):
-    tokenizer = AutoTokenizer.from_pretrained(fixture_model)
-    record = {"id": "r", "prompt": "Q: What is the account of Ann?\nA:",
-              "completion": " The account of Ann is 73-7080."}
-    encoded = encode_record(record, tokenizer, max_length=64, seed=0)
-    focus = secret_focus(encoded, ["73-7080"], tokenizer, template={"the", "account", "of", "is"})
-    active = [(tokenizer.decode([t]), f) for t, f, label in zip(encoded.input_ids, focus, encoded.labels)
-              if label != IGNORE]
-    secret_text = "".join(text for text, f in active if f >= SECRET)
-    assert secret_text.replace(" ", "").replace("-", "") == "737080"  # "-" alone is TEMPLATE
-    assert all(f == TEMPLATE for text, f in active if text.strip() in {"The", "account", "of", "Ann", "is", "."})
-    generated = tokenizer(" Ann is 7080 and more", add_special_tokens=False)["input_ids"]
-    marks = secret_token_focus(tokenizer, generated, ["73-7080"])
-    assert [tokenizer.decode([t]).strip() for t, f in zip(generated, marks) if f == SECRET] != []
-    assert all(f == TEMPLATE for t, f in zip(generated, marks) if not any(c.isdigit() for c in tokenizer.decode([t])))
-
-
 class FixedPolicy:
     """Logits given in advance: the policy's and pi_0's."""
 
@@ -150,48 +139,47 @@ class FixedPolicy:
         return self.z0
 
 
-def test_secret_focused_masc_loss_by_loop():
-    """Hinge at tau_secret on the secret's tokens only, KL to pi_0 on the template's, KL to pi_0 without the
-    gold token on the secret's, the hinge at tau_secret alone on a loop's token; each token mean computed by a
-    loop over the positions."""
+def test_content_masc_loss_by_loop():
+    """The hinge at tau_content on content and loop tokens, at tau on a whole record's, none on the template's; the
+    KL to the sparse targets on every token that has one, sum_k q_k (log q_k - log pi(v_k)); each token mean
+    computed by a loop over the positions."""
     from worker.engine.methods.masc import Masc
     from worker.engine.params import MascParams
-    from worker.engine.records import Batch
+    from worker.engine.records import SUPPRESS, Batch
 
     g = torch.Generator().manual_seed(0)
     z, z0 = torch.randn(1, 7, 8, generator=g), torch.randn(1, 7, 8, generator=g)
     labels = torch.tensor([[IGNORE, IGNORE, 3, 4, 5, 6, 2]])
-    focus = torch.tensor([[1, 1, TEMPLATE, SECRET, SECRET, TEMPLATE, LOOP]])
-    params = MascParams.from_dict({"secret_focus": True, "k": 3, "lambda_fluency": 2.0, "lambda_redistribute": 0.5})
+    focus = torch.tensor([[SUPPRESS, SUPPRESS, TEMPLATE, SECRET, SUPPRESS, TEMPLATE, LOOP]])
+    target_ids = torch.zeros(1, 7, 3, dtype=torch.long)
+    target_probs = torch.zeros(1, 7, 3)
+    for t in (2, 3, 4, 6):  # position 5 has no target
+        target_ids[0, t] = torch.randperm(8, generator=g)[:3]
+        target_probs[0, t] = torch.softmax(torch.randn(3, generator=g), -1)
+    params = MascParams.from_dict({"k": 3, "lambda_target": 0.7})
     masc = Masc(params, FixedPolicy(z, z0), pad_id=0)
-    total, parts = masc.loss(Batch(torch.zeros(1, 7, dtype=torch.long), torch.ones(1, 7), labels, focus), None)
+    batch = Batch(torch.zeros(1, 7, dtype=torch.long), torch.ones(1, 7), labels, focus, target_ids, target_probs)
+    total, parts = masc.loss(batch, None)
 
-    def kl(ref, logit):
-        p0 = torch.softmax(ref, -1)
-        return float((p0 * (torch.log(p0.clamp_min(1e-30)) - torch.log_softmax(logit, -1))).sum())
-
-    hinges, fluency, redistribute = [], [], []
+    hinges, divergences = [], []
     for t in range(1, 7):  # logits at t - 1 predict labels[t]
-        y, zt, z0t = int(labels[0, t]), z[0, t - 1], z0[0, t - 1]
+        y, zt, kind = int(labels[0, t]), z[0, t - 1], int(focus[0, t])
         if y == IGNORE:
             continue
-        if int(focus[0, t]) >= SECRET or int(focus[0, t]) == LOOP:
+        if kind != TEMPLATE:
             alternatives = sorted((v for v in range(8) if v != y), key=lambda v: -float(zt[v]))[:3]
             margin = float(zt[y] - torch.logsumexp(zt[alternatives], 0))  # SPEC: gold against S_k
-            hinges.append(max(0.0, margin - (params.tau_secret - params.eta)) / params.eta)
-        if int(focus[0, t]) >= SECRET:
-            denied = z0t.clone()
-            denied[y] = -1e4
-            redistribute.append(kl(denied, zt))
-        elif int(focus[0, t]) == TEMPLATE:
-            fluency.append(kl(z0t, zt))
+            tau = params.tau_content if kind in (SECRET, LOOP) else params.tau
+            hinges.append(max(0.0, margin - (tau - params.eta)) / params.eta)
+        if float(target_probs[0, t].sum()) > 0:
+            log_pi = torch.log_softmax(zt, -1)
+            divergences.append(sum(float(q * (math.log(q) - log_pi[v]))
+                                   for v, q in zip(target_ids[0, t].tolist(), target_probs[0, t].tolist())))
     mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
     assert parts["forget"] == pytest.approx(mean(hinges), rel=1e-5)
-    assert parts["fluency"] == pytest.approx(mean(fluency), rel=1e-5)
-    assert parts["redistribute"] == pytest.approx(mean(redistribute), rel=1e-5)
-    expected = params.lambda_forget * mean(hinges) + 2.0 * mean(fluency) + 0.5 * mean(redistribute)
-    assert float(total) == pytest.approx(expected, rel=1e-5)
-    assert len(hinges) == 3 and len(fluency) == 2 and len(redistribute) == 2
+    assert parts["target"] == pytest.approx(mean(divergences), rel=1e-5)
+    assert float(total) == pytest.approx(params.lambda_forget * mean(hinges) + 0.7 * mean(divergences), rel=1e-5)
+    assert len(hinges) == 3 and len(divergences) == 4
 
 
 def test_the_retain_term_keeps_argmax_gaps_by_loop():

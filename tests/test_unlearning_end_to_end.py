@@ -38,25 +38,35 @@ def test_defaults_erase_every_record_and_keep_the_rest(fixture_model, unlearned,
     outcome, _ = unlearned
     r = outcome.result.as_dict()
     assert r["stop_reason"] == "alpha"
-    assert r["final_violation_rate"] <= r["alpha"]["value"]
-    # Every record was trained on and checked; none is reproduced, each is at or below its ceiling.
+    # Every record was trained on and checked; none is reproduced; its own answers neither leak nor loop.
     assert r["validation"] == {"mode": "train", "n_train": 10, "n_val": 10}
-    assert all(p["trained"] and p["meets_condition"] and not p["reproduced"] for p in r["per_record"])
-    assert all(p["violation"] <= p["ceiling"] for p in r["per_record"])
+    assert all(p["trained"] and p["meets_condition"] and not p["reproduced"] and not p["leaked"]
+               and not p["looped"] for p in r["per_record"])
     assert r["erasure"]["applied"] and r["erasure"]["failing_ids"] == []
+    # Those without located content are at or below their ceiling, and their mean at or below alpha.
+    whole = [p for p in r["per_record"] if not p["content_tokens"]]
+    assert all(p["violation"] <= p["ceiling"] + 1e-6 for p in whole)
+    assert r["erasure"].get("judged_violation_rate") is None or r["erasure"]["judged_violation_rate"] <= \
+        r["alpha"]["value"] + 1e-6
+    # The rule checked the model as saved, and that is what came back.
+    assert r["erasure"]["served_checks"][-1]["passed"] and r["erasure"]["served_checks"][-1]["dtype"] == "float32"
     after = exact_match(outcome.model, tokenizer, forget)
     assert after["value"] == 0.0
     assert exact_match(outcome.model, tokenizer, retain)["value"] >= 0.95 * before_retain
-    # No record names its secrets: "auto" suppresses whole records, with the paper's retain weight.
-    assert (r["secrets"]["focus_requested"], r["secrets"]["focus"], r["secrets"]["located"]) == ("auto", False, 0)
-    assert (r["params"]["lambda_retain"], r["params"]["secret_focus"]) == (1.0, False)
+    # No record names its secrets: the content is what memorisation gain found, most records have some.
+    content = r["secrets"]
+    assert (content["suppress"], content["given"], content["unaligned"]) == ("content", 0, 0)
+    assert content["by_gain"] >= 5 and content["by_gain"] + content["none"] == 10
+    assert set(content["replayed_ids"]) == {f["id"] for f in forget_records}  # every record's own answers
+    assert r["params"]["lambda_retain"] == 3.0 and r["params"]["suppress"] == "content"
     # LoRA found the architecture's projections on its own.
     assert r["params"]["lora_targets"] == "auto"
     assert set(r["lora"]["modules"]) == {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
 
 
 def test_auto_alpha_is_theta0_violation_on_the_records_counterfactuals(fixture_model, unlearned, forget_records):
-    """The calibrated target, recomputed by hand: theta_0's v on every perturbed completion, per record."""
+    """The calibrated target, recomputed by hand: theta_0's v on every perturbed completion, per record (at least the
+    template's share of a record whose content is located); alpha the mean over the records judged by v."""
     outcome, _ = unlearned
     r = outcome.result.as_dict()
     assert r["alpha"]["source"] == "auto"
@@ -70,41 +80,27 @@ def test_auto_alpha_is_theta0_violation_on_the_records_counterfactuals(fixture_m
                     for j, c in enumerate(record["perturbed_completions"])]
         checks = masc.check_records(encoded(tokenizer, variants, "cf"), 16)
         expected[record["id"]] = sum(c.violation for c in checks) / len(checks)
-    ceilings = {p["id"]: p["ceiling"] for p in r["per_record"]}
-    assert ceilings == pytest.approx(expected, abs=1e-6)
-    assert r["alpha"]["value"] == pytest.approx(sum(expected.values()) / len(expected), abs=1e-6)
+    by_id = {p["id"]: p for p in r["per_record"]}
+    for rid, p in by_id.items():
+        if p["content_tokens"]:
+            expected[rid] = max(expected[rid], 1 - p["content_tokens"] / p["active_tokens"])
+    assert {rid: p["ceiling"] for rid, p in by_id.items()} == pytest.approx(expected, abs=1e-6)
+    judged = [rid for rid, p in by_id.items() if not p["content_tokens"]] or list(by_id)
+    assert r["alpha"]["value"] == pytest.approx(sum(expected[rid] for rid in judged) / len(judged), abs=1e-6)
     assert r["initial_violation_rate"] > 0.9  # the base reproduces everything
 
 
-def test_preset_secret_focus_judges_located_records_by_their_secrets(fixture_model, forget_records,
-                                                                     retain_records):
-    """Issue 11's preset with nothing else set: it reaches its rule on single-word secrets from a closed
-    vocabulary (cities, colours) and on a record whose secret cannot be located (suppressed whole)."""
+def test_the_published_suppression_stays_as_a_preset(fixture_model, forget_records, retain_records):
+    """The preset whole-record: every token suppressed, no destination, no replay; it reaches its rule."""
     base, tokenizer = load_model(fixture_model, torch.device("cpu"))
-    forget, retain = encoded(tokenizer, forget_records, "forget"), encoded(tokenizer, retain_records, "retain")
+    forget = encoded(tokenizer, forget_records, "forget")
     outcome = run_unlearning(str(fixture_model), forget_records, retain_records,
-                             params=MascParams.from_dict({}, preset="secret-focus"))
+                             params=MascParams.from_dict({"lr": 1e-3}, preset="whole-record"))
     r = outcome.result.as_dict()
-    assert r["stop_reason"] == "alpha"
-    assert r["params"]["secret_focus"] is True and 0 < r["secrets"]["located"] < len(forget_records)
-    # A record whose secrets are located is judged by them (each secret's probability under its limit, none
-    # said greedily or in the model's own answer), the others by their ceiling and by the mean V over them.
-    located = [p for p in r["per_record"] if p["secret_tokens"]]
-    whole = [p for p in r["per_record"] if not p["secret_tokens"]]
-    assert all(p["secret_probability"] <= p["secret_limit"] and not p["secret_greedy"] and not p["leaked"]
-               for p in located)
-    assert all(p["violation"] <= p["ceiling"] for p in whole)
-    assert r["erasure"]["judged_violation_rate"] == pytest.approx(sum(p["violation"] for p in whole) / len(whole))
-    assert r["erasure"]["judged_violation_rate"] <= r["alpha"]["value"]
-    # A located record's ceiling is at least the share of its tokens that are template.
-    assert all(p["ceiling"] >= 1 - p["secret_tokens"] / p["active_tokens"] - 1e-9 for p in located)
-    # Only records with located secrets have their own answers replayed: a record suppressed whole would have
-    # its answer held at theta_0 by the fluency term, against its own suppression.
-    assert set(r["secrets"]["replayed_ids"]) == {p["id"] for p in located}
-    assert all(p["trained"] and p["meets_condition"] and not p["reproduced"] for p in r["per_record"])
+    assert r["stop_reason"] == "alpha" and r["params"]["suppress"] == "whole"
+    assert r["secrets"]["located"] == 0 and r["secrets"]["replayed_ids"] == []
+    assert all(p["violation"] <= p["ceiling"] + 1e-6 and not p["reproduced"] for p in r["per_record"])
     assert exact_match(outcome.model, tokenizer, forget)["value"] == 0.0
-    assert (exact_match(outcome.model, tokenizer, retain)["value"]
-            >= 0.95 * exact_match(base, tokenizer, retain)["value"])
 
 
 def test_result_records_the_run(unlearned, forget_records):
@@ -146,47 +142,34 @@ def test_final_violation_rate_is_the_full_statistic_also_at_max_steps(fixture_mo
     assert r["final_violation_rate"] != r["v_trace"][-1]["v"] or r["v_trace"][-1]["step"] == 7
 
 
-def test_by_default_focus_goes_to_the_records_that_name_their_secrets(fixture_model, forget_records, retain_records):
-    """secret_focus "auto": the records whose request names `secrets` are focused on them; the others (whose
-    secrets would only be extracted) are suppressed whole; the focused run's weights apply."""
+def test_named_secrets_narrow_the_content_and_plain_records_keep_theirs(fixture_model, forget_records,
+                                                                        retain_records):
+    """Records that name their `secrets` have exactly those as content; the others in the same request find theirs
+    by memorisation gain: one default for both."""
     named = {r["id"]: dict(r, secrets=[r["completion"].rstrip(".").split()[-1]]) for r in forget_records[:5]}
     forget = [named.get(r["id"], r) for r in forget_records]
     outcome = run_unlearning(str(fixture_model), forget, retain_records, params=MascParams.from_dict({"max_steps": 3}))
     r = outcome.result.as_dict()
-    located = {p["id"] for p in r["per_record"] if p["secret_tokens"]}
-    assert located and located <= set(named)  # a closed-vocabulary word shared by others may not be located
-    assert (r["secrets"]["focus_requested"], r["secrets"]["focus"], r["secrets"]["given"]) == ("auto", True, 5)
-    assert (r["params"]["lambda_retain"], r["params"]["lambda_redistribute"]) == (3.0, 3.0)
-    # The same records with secret focus forced on: extracted secrets are located on the others too.
-    forced = run_unlearning(str(fixture_model), forget, retain_records,
-                            params=MascParams.from_dict({"max_steps": 1, "secret_focus": True})).result.as_dict()
-    assert {p["id"] for p in forced["per_record"] if p["secret_tokens"]} - set(named)
+    by_id = {p["id"]: p for p in r["per_record"]}
+    assert r["secrets"]["given"] == 5 and r["secrets"]["by_gain"] >= 1
+    assert all(by_id[rid]["content_spans"] == 1 for rid in named)  # the one named word, whatever its gain
+    tokenizer = outcome.tokenizer
+    for rid, record in named.items():
+        secret_tokens = len(tokenizer(" " + record["secrets"][0], add_special_tokens=False)["input_ids"])
+        assert by_id[rid]["content_tokens"] == secret_tokens
 
 
-def test_with_secret_focus_the_leak_flags_at_the_end_are_the_models_own_answers(fixture_model, forget_records,
-                                                                                retain_records):
-    from worker.engine.evaluate import greedy_continuations
-    from worker.engine.extraction import greedy_leaks, request_secrets
-
+def test_at_max_steps_the_answer_flags_are_fresh_and_decide(fixture_model, forget_records, retain_records):
     outcome = run_unlearning(str(fixture_model), forget_records, retain_records,
-                             params=MascParams.from_dict({"secret_focus": True, "max_steps": 6, "replay_every": 3,
-                                                          "lr": 1e-3}))
+                             params=MascParams.from_dict({"max_steps": 6, "replay_every": 3, "lr": 1e-3}))
     r = outcome.result.as_dict()
     assert r["stop_reason"] == "max_steps" and r["secrets"]["located"] > 0
-    # The mean the rule judged: over the records without a located secret.
-    unlocated = [p for p in r["per_record"] if not p["secret_tokens"]]
+    # The mean the rule judged: over the records without located content.
+    unlocated = [p for p in r["per_record"] if not p["content_tokens"]]
     assert r["erasure"]["judged_records"] == len(unlocated)
-    assert r["erasure"]["judged_violation_rate"] == (pytest.approx(sum(p["violation"] for p in unlocated) /
-                                                                   len(unlocated)) if unlocated else None)
-    # After 6 steps most secrets still come out; each record's flag is its answer now, not a stale default.
-    tokenizer = outcome.tokenizer
-    records = encoded(tokenizer, forget_records, "forget")
-    texts = {rec.id: tokenizer.decode(t, skip_special_tokens=True)
-             for rec, t in zip(records, greedy_continuations(outcome.model, tokenizer, records))}
-    leaks = greedy_leaks(texts, request_secrets(forget_records, retain_records))["per_record"]
-    assert {p["id"]: p["leaked"] for p in r["per_record"]} == {rid: bool(leaks.get(rid)) for rid in texts}
-    assert any(p["leaked"] for p in r["per_record"]) and not any(p["meets_condition"] for p in r["per_record"]
-                                                                  if p["leaked"])
+    # After 6 steps most records still come out of the model's own answers, and those fail the condition.
+    assert any(p["leaked"] for p in r["per_record"])
+    assert not any(p["meets_condition"] for p in r["per_record"] if p["leaked"] or p["looped"])
 
 
 def test_holdout_mode_lists_the_records_never_trained(fixture_model, people):
@@ -290,7 +273,8 @@ def test_fixture_training_is_reproducible_by_seed(tmp_path, forget_records):
 
 def test_a_forget_weight_too_gentle_for_the_model_is_raised_until_the_rule_fires(fixture_model, forget_records,
                                                                                   retain_records):
-    gentle = {"lambda_forget": 1e-5, "lr": 1e-3, "escalate_after": 3}
+    # Whole records: with content suppression the targets alone may get there.
+    gentle = {"lambda_forget": 1e-5, "lr": 1e-3, "escalate_after": 3, **AS_PUBLISHED}
     outcome = run_unlearning(str(fixture_model), forget_records, retain_records, params=MascParams.from_dict(gentle))
     r = outcome.result.as_dict()
     assert r["stop_reason"] == "alpha" and r["escalations"]

@@ -86,3 +86,39 @@ def test_jobs_not_ended_get_their_specification_when_0005_runs(tmp_path):
     assert queued["connectivity"]["points"] == 3 and queued["connectivity"]["k"] == 3  # the job's margin, not 4
     assert running["params"]["lr"] == 1e-5 and running["method"] == "npo"
     assert specs["job_d"] is None
+
+
+def test_jobs_not_ended_take_the_content_parameters_when_0009_runs(tmp_path):
+    """Issue 24 replaced secret focus: a queued job's stored specification gets the new names, so that the worker
+    can rebuild it; an ended job keeps the specification it ran with."""
+    import json
+
+    from sqlalchemy import text
+
+    from worker.engine.jobspec import JobSpec
+
+    url = f"sqlite:///{tmp_path / 'content.db'}"
+    migrate(url, "0008")
+    old = JobSpec.unlearning("masc", {"k": 4}).stored()
+    for name in ("suppress", "rho_content", "content_max_probability", "lambda_target", "greedy_margin", "min_gain"):
+        old["params"].pop(name)
+    old["params"].update(secret_focus=False, rho_secret=0.02, secret_max_probability=0.03, lambda_fluency=1.0,
+                         lambda_redistribute="auto")
+    engine = create_engine(url)
+    columns = ("id, tenant, kind, model_id, base_version, follows_head, request_id, method, params, state, "
+               "forget_evidence, progress, attempt, max_attempts, cancel_requested, created_at, updated_at, spec")
+    with engine.begin() as connection:
+        connection.execute(text("INSERT INTO models (id, tenant, name, source, created_at) VALUES "
+                                "('mdl_1', 't', 'm', '/x', '2026-12-01 00:00:00')"))
+        for job_id, state in (("job_q", "QUEUED"), ("job_d", "SUCCEEDED")):
+            connection.execute(text(f"INSERT INTO jobs ({columns}) VALUES (:id, 't', 'unlearning', 'mdl_1', 1, 0, "
+                                    ":id, 'masc', '{{}}', :state, '{{}}', '{{}}', 0, 3, 0, '2026-12-01 00:00:00', "
+                                    "'2026-12-01 00:00:00', :spec)"), dict(id=job_id, state=state, spec=json.dumps(old)))
+    migrate(url)
+    with engine.connect() as connection:
+        specs = {k: json.loads(v) for k, v in connection.execute(text("SELECT id, spec FROM jobs")).all()}
+    engine.dispose()
+    queued = JobSpec.from_stored(specs["job_q"]).params
+    assert (queued.suppress, queued.rho_content, queued.content_max_probability, queued.k) == ("whole", 0.02, 0.03, 4)
+    assert "secret_focus" not in specs["job_q"]["params"] and "lambda_fluency" not in specs["job_q"]["params"]
+    assert specs["job_d"] == old  # ended: as it ran

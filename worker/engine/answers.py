@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 
 import torch
 
 from worker.engine.chat import RENDERED
 from worker.engine.content import Substitution, atom_words
+from worker.engine.counterfactual import body
 from worker.engine.destination import Content, targets_for
 from worker.engine.evaluate import MAX_NEW_TOKENS, continuations
 from worker.engine.metrics.degeneration import is_loop, repeated_positions
@@ -40,10 +42,10 @@ class Answer:
 
 
 def answer_budget(records: list[EncodedRecord], max_length: int) -> int:
-    """New tokens an answer may take: twice the longest record's answer and some (a loop or a late leak shows by
-    then), at most the audit's MAX_NEW_TOKENS and what the context leaves."""
+    """New tokens an answer may take: the longest record's answer and 16 more (a loop or a late leak shows by then),
+    at most the audit's MAX_NEW_TOKENS and what the context leaves."""
     longest_answer = max(len(r.input_ids) - r.prompt_len for r in records)
-    budget = min(MAX_NEW_TOKENS, 2 * longest_answer + 16)
+    budget = min(MAX_NEW_TOKENS, longest_answer + 16)
     if max_length:
         budget = min(budget, max_length - max(r.prompt_len for r in records))
     return max(1, budget)
@@ -98,16 +100,19 @@ def token_ends(tokenizer, tokens: list[int]) -> list[int]:
     return [len(tokenizer.decode(tokens[:k + 1], skip_special_tokens=True)) for k in range(len(tokens))]
 
 
-def answer_flags(tokenizer, tokens: list[int], text: str, spans: list[str], content_words: set[str]) -> list[int]:
-    """Per answer token: SECRET where it gives content back (inside a leaking region, or a token whose words are
-    all content words), LOOP on the tokens that repeat what a looping answer already said, TEMPLATE elsewhere."""
+def answer_flags(tokenizer, tokens: list[int], text: str, spans: list[str], content_words: set[str],
+                 template: AbstractSet[str] = frozenset()) -> list[int]:
+    """Per answer token: SECRET where it gives content back (inside a leaking region unless only template words, or
+    a token whose words are all content words), LOOP on the tokens that repeat what a looping answer already said,
+    TEMPLATE elsewhere. (Marking the "a" of a leaked "a locksmith" turned "works as a locksmith" into "works as.",
+    issue 11.)"""
     regions = leak_regions(text, spans)
     ends = token_ends(tokenizer, tokens)
     flags = []
     for k in range(len(tokens)):
         start = ends[k - 1] if k else 0
         pieces = normalised(text[start:ends[k]]).split()
-        in_region = any(s < ends[k] and start < e for s, e in regions)
+        in_region = any(s < ends[k] and start < e for s, e in regions) and not all(p in template for p in pieces)
         content = bool(pieces) and all(p in content_words for p in pieces)
         flags.append(SECRET if in_region or content else TEMPLATE)
     if is_loop(text):
@@ -118,17 +123,35 @@ def answer_flags(tokenizer, tokens: list[int], text: str, spans: list[str], cont
 class Answering:
     """Asks the model for its answers to the forget records' prompts and judges them against every record's content."""
 
-    def __init__(self, records: list[EncodedRecord], contents: dict[str, Content], tokenizer, max_length: int):
+    def __init__(self, records: list[EncodedRecord], contents: dict[str, Content], tokenizer, max_length: int,
+                 template: AbstractSet[str] = frozenset(), kept_texts: list[str] | None = None):
+        """`kept_texts`: what the kept (retain) records say: a span found there is one a model that never saw the
+        forget records could say too, and is not held against an answer (the teacher-forced limit still is)."""
         self.by_id = {r.id: r for r in records}
+        self.template = template
         self.contents, self.tokenizer, self.max_length = contents, tokenizer, max_length
         self.budget = answer_budget(records, max_length)
-        self.all_spans = [s for c in contents.values() for s in c.spans]
+        kept = kept_texts or []
+        self.all_spans = list(dict.fromkeys(s for c in contents.values() for s in c.spans
+                                            if not any(leaks(s, t) for t in kept)))
         self.content_words = {w for c in contents.values() for a in c.atoms if not a.is_number
                                for w in normalised(a.text).split()}
 
-    def spans_for(self, prompt: str) -> list[str]:
-        """The content spans an answer to this prompt must not say: every record's, less those the prompt gives."""
-        return [s for s in self.all_spans if not given_by(prompt, s)]
+    def allowed_words(self, record: EncodedRecord, prompt: str) -> set[str]:
+        """Words an answer to this record may say whoever's content they are elsewhere: its prompt's, and its own
+        answer's that are not its content ("French" of "the French literature genre", where French is template for
+        this record and content for another)."""
+        _, said = body(record.source)
+        own = {w for a in self.contents[record.id].atoms for w in normalised(a.text).split()}
+        return atom_words(prompt) | (atom_words(said) - own)
+
+    def spans_for(self, record: EncodedRecord, prompt: str) -> list[str]:
+        """The content spans an answer to this prompt must not say: the record's own (less what the prompt gives),
+        and every other record's whose words are not all allowed to this record."""
+        own = set(self.contents[record.id].spans)
+        allowed = self.allowed_words(record, prompt)
+        # (spans any kept record also says are left out of all_spans: see __init__)
+        return [s for s in self.all_spans if (not given_by(prompt, s) if s in own else not atom_words(s) <= allowed)]
 
     def ask(self, model, records: list[EncodedRecord], kinds: tuple[str, ...], seed: int = 0) -> list[Answer]:
         """The model's answers of these kinds to these records' prompts (greedy, or one seeded sample)."""
@@ -151,16 +174,16 @@ class Answering:
             for (record, kind, text, ids), tokens in zip(chosen, generated):
                 said = self.tokenizer.decode(tokens, skip_special_tokens=True)
                 out.append(Answer(record.id, kind, ids, tokens, said,
-                                  any(leaks(s, said) for s in self.spans_for(text)), is_loop(said)))
+                                  any(leaks(s, said) for s in self.spans_for(record, text)), is_loop(said)))
         return out
 
     def replay_example(self, answer: Answer) -> EncodedRecord:
         """The answer as a training example (targets set by `set_targets`)."""
         record = self.by_id[answer.record_id]
         text = prompt_text(record, answer.kind, self.tokenizer) or ""
-        spans = self.spans_for(text)
-        given = atom_words(text)
-        flags = answer_flags(self.tokenizer, answer.tokens, answer.text, spans, self.content_words - given)
+        spans = self.spans_for(record, text)
+        flags = answer_flags(self.tokenizer, answer.tokens, answer.text, spans,
+                             self.content_words - self.allowed_words(record, text), self.template)
         return EncodedRecord(id=f"{record.id}#{answer.kind}", input_ids=answer.prompt + answer.tokens,
                              labels=[IGNORE] * len(answer.prompt) + answer.tokens, prompt_len=len(answer.prompt),
                              source=record.source, focus=[SUPPRESS] * len(answer.prompt) + flags)

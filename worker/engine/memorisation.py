@@ -141,13 +141,18 @@ def token_kinds(tokenizer, size: int) -> TokenKinds:
 
 
 @torch.no_grad()
-def _forward(reference: Callable, rows: list[list[int]], pad_id: int, device, batch_size: int) -> list[torch.Tensor]:
-    """theta_0's log-probabilities at every position of each row ([len, V], CPU)."""
+def _forward(reference: Callable, rows: list[list[int]], pad_id: int, device, batch_size: int,
+             keep: list[int] | None = None) -> list[torch.Tensor]:
+    """theta_0's log-probabilities at the last keep[i] positions of each row ([keep, V], CPU; all positions without
+    `keep`): only what is read is normalised and kept."""
     out = []
     for start in range(0, len(rows), batch_size):
         chunk = [EncodedRecord("", ids, list(ids), 1) for ids in rows[start:start + batch_size]]
-        logp = F.log_softmax(reference(collate(chunk, pad_id).to(device)).float(), dim=-1).cpu()
-        out += [logp[i, :len(r.input_ids)] for i, r in enumerate(chunk)]
+        logits = reference(collate(chunk, pad_id).to(device))
+        for i, r in enumerate(chunk):
+            n = len(r.input_ids)
+            tail = keep[start + i] if keep is not None else n
+            out.append(F.log_softmax(logits[i, n - tail:n].float(), dim=-1).cpu())
     return out
 
 
@@ -212,12 +217,13 @@ def write_counterfactuals(sources: list[dict], candidates: list[list[Atom]], tok
             rows.append(prefix + unit_ids if prefix else [pad])
             unit_lengths.append(len(unit_ids))
             gaps.append(gap if prefix else None)
-        logps = _forward(reference, rows, pad, device, batch_size)
+        # Per row: the prefix's last position (what comes next) and the unit's own tokens.
+        logps = _forward(reference, rows, pad, device, batch_size, [n + 1 for n in unit_lengths])
         theirs: dict[int, list[float]] = {}
         for (r, _, unit), row, logp, n in zip(work, rows, logps, unit_lengths):
             if unit.atom is not None and n:
                 tokens = torch.tensor(row[-n:])
-                theirs.setdefault(r, []).append(float(logp[len(row) - n - 1:-1].gather(1, tokens[:, None]).sum()))
+                theirs.setdefault(r, []).append(float(logp[:n].gather(1, tokens[:, None]).sum()))
         replaced = set()
         for r in {r for r, _, _ in work}:
             unit = plans[r][step]
@@ -263,7 +269,7 @@ def _draw_words(work: list[tuple[Draft, Unit, list[int], torch.Tensor, str, list
         return
     kinds = token_kinds(tokenizer, work[0][3].shape[-1])
     chosen: list[list[int]] = []
-    for d, unit, prefix, logp, gap, own in work:
+    for d, unit, _, logp, gap, own in work:
         capital = unit.text[:1].isupper()
         allowed = ((kinds.new_upper if capital else kinds.new_lower) if gap else
                    (kinds.bare_upper if capital else kinds.bare_lower)).clone()
@@ -271,7 +277,7 @@ def _draw_words(work: list[tuple[Draft, Unit, list[int], torch.Tensor, str, list
         if not bool(allowed.any()):
             chosen.append([])
             continue
-        probs = logp[len(prefix) - 1].exp().masked_fill(~allowed, 0)
+        probs = logp[0].exp().masked_fill(~allowed, 0)
         top = probs.topk(min(DRAW_TOP, int(allowed.sum())))
         pick = int(torch.multinomial(top.values / top.values.sum(), 1, generator=d.generator)) \
             if top.values.sum() > 0 else None
@@ -281,7 +287,7 @@ def _draw_words(work: list[tuple[Draft, Unit, list[int], torch.Tensor, str, list
         going = [i for i in range(len(work)) if not done[i]]
         if not going:
             break
-        logps = _forward(reference, [work[i][2] + chosen[i] for i in going], pad, device, batch_size)
+        logps = _forward(reference, [work[i][2] + chosen[i] for i in going], pad, device, batch_size, [1] * len(going))
         for i, logp in zip(going, logps):
             best = int(logp[-1].argmax())
             if bool(kinds.piece[best]):

@@ -237,7 +237,7 @@ def coerce(spec: dataclasses.Field, value: Any) -> Any:
         return "auto"
     choices = (rule_of(spec) or Rule()).choices
     if choices is not None and value in choices and isinstance(value, str):
-        return value  # a choice such as secret_focus "auto", in a field whose kind is bool
+        return value  # a string choice (such as "auto") in a field whose kind is bool
     try:
         if kind == "boolean":
             if isinstance(value, bool):

@@ -26,7 +26,7 @@ class MascParams(SharedParams):
     lambda_forget: float = param(0.01, "weight of the forget hinge (the loop doubles it when the rule stalls, see "
                                        "escalate_after)", gt=0)
     escalate_after: int = param(10, "checks without progress before lambda_forget doubles, up to 1 (with content "
-                                    "suppression also when too slow for max_steps, up to max(1, lambda_retain))",
+                                    "suppression also when too slow for max_steps)",
                                 ge=0, note="0: never")
     # "auto": 3 with content suppression (it kept retain exact match on the customer benchmark, issue 11), else 1.
     lambda_retain: float | str = param("auto", "weight of the retain term; \"auto\": 3 with suppress \"content\", "

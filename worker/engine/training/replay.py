@@ -7,7 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 from worker.engine.answers import Answer, Answering
-from worker.engine.records import EncodedRecord
+from worker.engine.records import TEMPLATE, EncodedRecord
 
 GREEDY = ("prompt", "paraphrase")  # the answers the rule reads
 REPLAYED = ("prompt", "paraphrase", "sample")  # the answers training replays
@@ -20,12 +20,17 @@ class Replays:
         self.answering, self.reference, self.device, self.seed = answering, reference, device, seed
         self.examples: dict[str, list[EncodedRecord]] = {}
         self.refreshes = 0
+        # The answers theta_0 itself loops in (its first refresh): a loop the erasure did not make is not held against
+        # it (a small model may loop on a paraphrase it never learned).
+        self.base_loops: set[tuple[str, str]] | None = None
 
     def refresh(self, model: Any, records: list[EncodedRecord]) -> dict[str, tuple[bool, bool]]:
         """Ask the model for its answers to these records' prompts (greedy to the prompt and the paraphrase, one
         sample), keep them as training examples with fresh targets, and say per record whether a greedy answer
         leaked or looped."""
         answers = self.answering.ask(model, records, REPLAYED, seed=self.seed * 7919 + self.refreshes)
+        if self.base_loops is None:
+            self.base_loops = {(a.record_id, a.kind) for a in answers if a.looped}
         examples = [self.answering.replay_example(a) for a in answers]
         self.answering.set_targets(examples, self.reference, self.device, draw=self.refreshes)
         self.refreshes += 1
@@ -33,29 +38,40 @@ class Replays:
         for answer, example in zip(answers, examples):
             fresh.setdefault(answer.record_id, []).append(example)
         self.examples.update(fresh)
-        return verdicts(answers, records)
+        return verdicts(answers, records, self.base_loops)
 
     def judge(self, model: Any, records: list[EncodedRecord]) -> dict[str, tuple[bool, bool]]:
         """Per record, whether the model's greedy answers leak or loop (nothing kept: a merged copy's check)."""
-        return verdicts(self.answering.ask(model, records, GREEDY), records)
+        return verdicts(self.answering.ask(model, records, GREEDY), records, self.base_loops)
 
     def riding(self, chosen: list[EncodedRecord], size: int, rng: random.Random) -> list[EncodedRecord]:
-        """The answers that ride along with a forget batch: the chosen records' own, then others up to `size`."""
+        """At most `size` answers to ride along with a forget batch: one of each chosen record's own (one that leaks
+        or loops first), then others, those that leak or loop first."""
         chosen_ids = {r.id for r in chosen}
-        extra = [e for r in chosen for e in self.examples.get(r.id, [])]
+        extra = [max(group, key=lambda e: (flagged(e), rng.random())) for r in chosen
+                 if (group := self.examples.get(r.id))][:size]
         others = [e for rid, group in self.examples.items() if rid not in chosen_ids for e in group]
-        return extra + rng.sample(others, min(len(others), max(0, size - len(extra))))
+        rng.shuffle(others)
+        others.sort(key=flagged, reverse=True)
+        return extra + others[:max(0, size - len(extra))]
 
     @property
     def replayed_ids(self) -> list[str]:
         return sorted(self.examples)
 
 
-def verdicts(answers: list[Answer], records: list[EncodedRecord]) -> dict[str, tuple[bool, bool]]:
-    """Per record: (some greedy answer leaked, some greedy answer looped)."""
+def flagged(example: EncodedRecord) -> bool:
+    """Whether an answer gives content back or loops (some token of it is suppressed)."""
+    return any(f != TEMPLATE for f in (example.focus or [])[example.prompt_len:])
+
+
+def verdicts(answers: list[Answer], records: list[EncodedRecord], base_loops: set[tuple[str, str]] | None = None
+             ) -> dict[str, tuple[bool, bool]]:
+    """Per record: (some greedy answer leaked, some greedy answer looped where theta_0's did not)."""
     out = {r.id: (False, False) for r in records}
     for a in answers:
         if a.kind in GREEDY:
             leaked, looped = out[a.record_id]
-            out[a.record_id] = (leaked or a.leaked, looped or a.looped)
+            new_loop = a.looped and (a.record_id, a.kind) not in (base_loops or set())
+            out[a.record_id] = (leaked or a.leaked, looped or new_loop)
     return out

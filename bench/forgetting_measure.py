@@ -1,0 +1,89 @@
+"""What `make bench-forgetting` measures of one model (issue 24): erasure, the extraction audit's channels, the
+degeneration of answers, fluency and membership as a retrained model would score them, and what is kept.
+
+Fluency is the perplexity of the greedy answers to erased prompts under the retrain reference (a model that never
+saw the erased records): under the base it is meaningless, since the base memorised other answers (the reference's
+own answers score 1838 there). PrivLeak compares membership AUCs (forget records against never-trained holdout
+records) with the reference's: (AUC_model - AUC_ref) / AUC_ref * 100 on MUSE's AUC, so a model that still memorises
+scores near -100, a retrain-like one 0, one unlearned past a retrain positive."""
+from __future__ import annotations
+
+from worker.engine.audit import ATTACKS, EvaluationSet, retain_utility
+from worker.engine.evaluate import exact_match, greedy_continuations
+from worker.engine.extraction import greedy_leaks, sampled_leaks
+from worker.engine.metrics.degeneration import answer_perplexity, degeneration
+from worker.engine.metrics.forward import token_stats
+from worker.engine.metrics.privacy import attack_scores, muse_auc, privleak, roc_auc
+from worker.engine.metrics.stats import ks_p_value
+from worker.engine.metrics.text import generation_metrics
+from worker.engine.quantize import quantized_copy
+from worker.engine.relearn import relearning_probe
+
+SAMPLES = 10  # seeded samples per forget prompt
+PRIVLEAK_ATTACKS = ("loss", "zlib", "min_k_pp")
+
+
+def text_of(tokenizer, encoded, model) -> dict[str, str]:
+    return {r.id: tokenizer.decode(t, skip_special_tokens=True)
+            for r, t in zip(encoded, greedy_continuations(model, tokenizer, encoded))}
+
+
+def membership_aucs(model, tokenizer, forget: EvaluationSet, holdout: EvaluationSet) -> dict[str, float]:
+    """MUSE's AUC per attack: forget records (members) against holdout records (never trained on)."""
+    pad = tokenizer.pad_token_id
+
+    def scores(rs: EvaluationSet) -> list[dict[str, float]]:
+        return [attack_scores(s, rs.references[s.id]) for s in token_stats(model, rs.main, pad)]
+
+    members, others = scores(forget), scores(holdout)
+    return {a: muse_auc(roc_auc([m[a] for m in members], [o[a] for o in others])) for a in ATTACKS}
+
+
+def measure(model, tokenizer, sets: dict, neighbour_ids: set[str], reference=None, reference_figures=None) -> dict:
+    """Every column of a row. `sets`: forget, retain, utility (optional), holdout (optional) EvaluationSets and the
+    audit's secrets; `reference`: the retrain reference's model, `reference_figures` its own measure() (for
+    PrivLeak and forget quality)."""
+    retain_em = exact_match(model, tokenizer, sets["retain"].main)["per_record"]
+    near = [v for k, v in retain_em.items() if k in neighbour_ids]
+    far = [v for k, v in retain_em.items() if k not in neighbour_ids]
+    forget, secrets = sets["forget"], sets["secrets"]
+    answered = generation_metrics(model, tokenizer, forget.main, forget.references)  # one greedy pass serves all
+    forget_texts = answered["generated"]
+    para_texts = text_of(tokenizer, forget.paraphrased, model) if forget.paraphrased else {}
+    loops = degeneration({**forget_texts, **{f"{k}#p": v for k, v in para_texts.items()}})
+    out = {"forget_exact_match": answered["exact_match"]["value"],
+           "retain_exact_match": sum(retain_em.values()) / len(retain_em),
+           "neighbour_exact_match": sum(near) / len(near) if near else None,
+           "other_exact_match": sum(far) / len(far) if far else None,
+           "model_utility": retain_utility(model, tokenizer,
+                                           sets.get("utility", sets["retain"]))["model_utility"]["value"],
+           "secret_greedy": greedy_leaks(forget_texts, secrets)["value"],
+           "secret_sampled": sampled_leaks(model, tokenizer, forget.main, secrets, samples=SAMPLES, seed=0)["value"],
+           "secret_paraphrased": greedy_leaks(para_texts, secrets)["value"] if para_texts else None,
+           "forget_loops": loops["loop_share"]["value"],  # answers to the prompts and the paraphrased prompts
+           "forget_distinct_2": loops["distinct_2"]["value"],
+           "retain_loops": degeneration(text_of(tokenizer, sets["retain"].main, model))["loop_share"]["value"]}
+    if reference is not None:  # fluency as a model that never saw the records scores it
+        prompts = {r.id: r.input_ids[:r.prompt_len] for r in forget.main}
+        out["forget_ppl_under_reference"] = answer_perplexity(reference, prompts, answered["tokens"],
+                                                              tokenizer.pad_token_id)["value"]
+    if sets.get("holdout") is not None:
+        out["membership_auc"] = membership_aucs(model, tokenizer, forget, sets["holdout"])
+        if reference_figures is not None and "membership_auc" in reference_figures:
+            for attack in PRIVLEAK_ATTACKS:
+                out[f"privleak_{attack}"] = privleak(out["membership_auc"][attack],
+                                                     reference_figures["membership_auc"][attack])
+    if forget.tr_ids:
+        from worker.engine.audit import _truth_ratios  # the audit's own per-record truth ratios
+
+        out["forget_truth_ratios"] = _truth_ratios(model, tokenizer, forget)
+        if reference_figures is not None and reference_figures.get("forget_truth_ratios"):
+            out["forget_quality"] = ks_p_value(list(out["forget_truth_ratios"].values()),
+                                               list(reference_figures["forget_truth_ratios"].values()))
+    quantized, _ = quantized_copy(model)
+    out["secret_quantised"] = greedy_leaks(text_of(tokenizer, forget.main, quantized), secrets)["value"]
+    del quantized
+    probe = relearning_probe(model, tokenizer, forget.main, forget.references, seed=0, secrets=secrets)
+    out["secret_relearned"] = probe["points"][-1]["secret_leak"] if probe.get("points") else None
+    out["examples"] = {rid: forget_texts[rid][:120] for rid in list(forget_texts)[:4]}  # to look at, not to score
+    return out
