@@ -121,6 +121,6 @@ def test_with_located_secrets_the_evidence_names_the_mean_the_rule_judged():
     assert "V = 0.150 over the 2 records suppressed whole <= alpha = 0.200" in line and "0.680" not in line
     every = {**engine(v=0.68), "erasure": {"applied": True, "judged_violation_rate": None, "judged_records": 0}}
     line = next(e for e in verdict(every, audit())["evidence"] if e.startswith("stop rule fired"))
-    assert "located secrets meet their conditions" in line and "<= alpha" not in line
+    assert "located content meets its conditions" in line and "<= alpha" not in line
     plain = next(e for e in verdict(engine(v=0.1), audit())["evidence"] if e.startswith("stop rule fired"))
     assert plain == "stop rule fired: V = 0.100 <= alpha = 0.200"

@@ -181,3 +181,20 @@ def test_an_answer_is_held_to_every_records_content_but_its_own_template(tokeniz
     assert answering.spans_for(genre, genre.source["prompt"]) == ["Riga"]  # "French": this record says it too
     assert answering.spans_for(prize, prize.source["prompt"]) == ["French", "Riga"]  # its own, always
     assert answering.spans_for(prize, "Question: Which prize did Ann win in Riga?") == ["French"]  # given
+
+
+def test_a_loop_on_the_same_question_about_someone_else_is_natural(tokenizer):
+    """Asked about someone it never saw (the counterfactual prompt), a model that loops shows that a loop there is
+    not the erasure's doing; one that answers fluently shows nothing."""
+    from worker.engine.content import substitution
+
+    record = encode_record(RECORD, tokenizer, max_length=64, seed=0)
+    content = Content([], [], {}, [], named=False,
+                      substitutions=[substitution(RECORD, {"nelvorbax": "kalomi"}, {})])
+    answering = Answering([record], {record.id: content}, tokenizer, 64)
+    assert tokenizer.decode(answering.counterfactual_prompt(record, "prompt", 0)) == \
+        "Question: Where was Kalomi born?\nAnswer: "
+    looping = scripted(tokenizer, record, tokens(tokenizer, [" teal", " amber", " teal", " amber", " teal"]))
+    fluent = scripted(tokenizer, record, tokens(tokenizer, [" teal", " city", "."]))
+    assert answering.natural_loops(looping, [record], ("prompt", "paraphrase")) == {(record.id, "prompt")}
+    assert answering.natural_loops(fluent, [record], ("prompt", "paraphrase")) == set()

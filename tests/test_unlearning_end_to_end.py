@@ -184,6 +184,8 @@ def test_holdout_mode_lists_the_records_never_trained(fixture_model, people):
     untrained = {p["id"] for p in r["per_record"] if not p["trained"]}
     assert untrained == set(validation["never_trained"])
     assert not r["erasure"]["applied"]
+    # Not even through their own answers: only the records trained are replayed.
+    assert not set(r["secrets"]["replayed_ids"]) & untrained and r["secrets"]["replayed_ids"]
 
 
 def test_saved_model_reloads_with_identical_logits_even_without_peft(unlearned, tmp_path, retain_records):

@@ -20,13 +20,13 @@ def verdict(engine: dict, audit: dict) -> dict:
         if "judged_violation_rate" not in erasure:
             evidence.append(f"stop rule fired: V = {engine['final_violation_rate']:.3f} <= alpha = {alpha:.3f}"
                             + calibrated)
-        elif erasure["judged_violation_rate"] is None:  # secret focus: every record decided by its secrets
-            evidence.append("stop rule fired: every record's located secrets meet their conditions (the mean V is "
+        elif erasure["judged_violation_rate"] is None:  # content located on every record: decided by it
+            evidence.append("stop rule fired: every record's located content meets its conditions (the mean V is "
                             "not judged: each record keeps its template, as a model that never saw it would)")
         else:
             evidence.append(f"stop rule fired: V = {erasure['judged_violation_rate']:.3f} over the "
                             f"{erasure['judged_records']} records suppressed whole <= alpha = {alpha:.3f}{calibrated}; "
-                            "the others' located secrets meet their conditions")
+                            "the others' located content meets its conditions")
     elif engine["stop_reason"] == "budget":  # a baseline: no stop rule, the verbatim evidence decides
         evidence.append(f"{engine.get('method', 'baseline')} ran its fixed budget of {engine['steps']} steps")
     else:
@@ -36,6 +36,10 @@ def verdict(engine: dict, audit: dict) -> dict:
         if erasure.get("failing_ids"):
             reasons.append(f"{len(erasure['failing_ids'])} of {total} records do not meet the per-record condition "
                            f"(ids: {', '.join(erasure['failing_ids'][:10])})")
+        elif "judged_violation_rate" in erasure:  # some records judged by their located content
+            evidence.append(f"every record ({total}) meets the per-record condition: not reproduced by greedy "
+                            "decoding; where its content is located, no content span said (sampled or greedily) and "
+                            "its own answers neither give content back nor loop; elsewhere below its ceiling")
         else:
             evidence.append(f"every record ({total}) is below its ceiling and not reproduced by greedy decoding")
         if documents := engine.get("documents"):  # a long document counts as erased when every window is

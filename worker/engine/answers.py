@@ -134,8 +134,9 @@ class Answering:
         kept = kept_texts or []
         self.all_spans = list(dict.fromkeys(s for c in contents.values() for s in c.spans
                                             if not any(leaks(s, t) for t in kept)))
+        kept_words = {w for t in kept for w in atom_words(t)}
         self.content_words = {w for c in contents.values() for a in c.atoms if not a.is_number
-                               for w in normalised(a.text).split()}
+                              for w in normalised(a.text).split()} - kept_words
 
     def allowed_words(self, record: EncodedRecord, prompt: str) -> set[str]:
         """Words an answer to this record may say whoever's content they are elsewhere: its prompt's, and its own
@@ -188,15 +189,25 @@ class Answering:
                              labels=[IGNORE] * len(answer.prompt) + answer.tokens, prompt_len=len(answer.prompt),
                              source=record.source, focus=[SUPPRESS] * len(answer.prompt) + flags)
 
-    def counterfactual_prompt(self, example: EncodedRecord, kind: str, draw: int) -> list[int]:
-        """The example's prompt about someone else (its record's draw-th substitution)."""
-        record = self.by_id[example.id.rsplit("#", 1)[0]]
+    def counterfactual_prompt(self, record: EncodedRecord, kind: str, draw: int) -> list[int] | None:
+        """The record's prompt of this kind about someone else (its draw-th substitution); None without one."""
         substitutions: list[Substitution] = self.contents[record.id].substitutions
-        text = prompt_text(record, kind, self.tokenizer) or ""
-        if not substitutions:
-            return example.input_ids[:example.prompt_len]
+        text = prompt_text(record, kind, self.tokenizer)
+        if not substitutions or text is None:
+            return None
         return encode_prompt(substitutions[draw % len(substitutions)].replace_prompt(text), record, self.tokenizer,
                              self.max_length)
+
+    def natural_loops(self, model, records: list[EncodedRecord], kinds: tuple[str, ...]) -> set[tuple[str, str]]:
+        """(record, kind) where the model loops when asked the same question about someone else (the first
+        counterfactual prompt): a model that never saw the record would loop there too."""
+        asked = [(record.id, kind, ids) for record in records for kind in kinds
+                 if (ids := self.counterfactual_prompt(record, kind, 0)) is not None]
+        if not asked:
+            return set()
+        said = continuations(model, self.tokenizer, [ids for *_, ids in asked], max_new_tokens=self.budget)
+        return {(rid, kind) for (rid, kind, _), tokens in zip(asked, said)
+                if is_loop(self.tokenizer.decode(tokens, skip_special_tokens=True))}
 
     @torch.no_grad()
     def set_targets(self, examples: list[EncodedRecord], reference: Callable, device, draw: int,
@@ -208,7 +219,9 @@ class Answering:
             chunk = examples[start:start + batch_size]
             counterfactual = []
             for example in chunk:
-                cf_prompt = self.counterfactual_prompt(example, example.id.rsplit("#", 1)[1], draw)
+                record_id, kind = example.id.rsplit("#", 1)
+                cf_prompt = self.counterfactual_prompt(self.by_id[record_id], kind, draw) or \
+                    example.input_ids[:example.prompt_len]
                 answer = example.input_ids[example.prompt_len:]
                 counterfactual.append(EncodedRecord(example.id, cf_prompt + answer,
                                                     [IGNORE] * len(cf_prompt) + answer, len(cf_prompt)))

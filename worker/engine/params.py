@@ -59,7 +59,9 @@ class MascParams(SharedParams):
     rho_content: float = param(0.01, "a content token's restricted-probability target (its hinge's rho)", gt=0, lt=1)
     replay_every: int = param(20, "content: steps between refreshes of the model's own answers to forget prompts "
                                   "(greedy to the prompt and to its paraphrase, one sample)", ge=0, note="0: off")
-    replay_records: int = param(32, "forget records whose prompts are answered at each refresh", ge=1, le=4096)
+    # Generation is what replays cost: 32 records a refresh spent more than half of a mini-TOFU run answering.
+    replay_records: int = param(8, "open forget records whose prompts are answered at each refresh (every record "
+                                   "is answered once at the start and at each confirmation)", ge=1, le=4096)
     # Sampling: retain batches lean towards the forget set's nearest neighbours (worker.engine.neighbours).
     retain_batch_size: int = param(0, "retain records per step", ge=0, le=4096, note="0: batch_size")
     neighbour_share: float = param(0.5, "share of retain rows drawn from the forget set's nearest neighbours",

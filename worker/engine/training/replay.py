@@ -20,17 +20,23 @@ class Replays:
         self.answering, self.reference, self.device, self.seed = answering, reference, device, seed
         self.examples: dict[str, list[EncodedRecord]] = {}
         self.refreshes = 0
-        # The answers theta_0 itself loops in (its first refresh): a loop the erasure did not make is not held against
-        # it (a small model may loop on a paraphrase it never learned).
-        self.base_loops: set[tuple[str, str]] | None = None
+        # Where a loop is not held against the erasure (see start).
+        self.base_loops: set[tuple[str, str]] = set()
+
+    def start(self, model: Any, records: list[EncodedRecord]) -> dict[str, tuple[bool, bool]]:
+        """theta_0's own answers to every record (the first replays), and where it loops: on the record's own prompt
+        (a loop the erasure did not make), or on the same question about someone else (a model that never saw the
+        record would loop there too: mini-TOFU's retrain reference loops in a fifth of its answers)."""
+        self.base_loops = self.answering.natural_loops(model, records, GREEDY)
+        answers = self.answering.ask(model, records, GREEDY)
+        self.base_loops |= {(a.record_id, a.kind) for a in answers if a.looped}
+        return self.refresh(model, records)
 
     def refresh(self, model: Any, records: list[EncodedRecord]) -> dict[str, tuple[bool, bool]]:
         """Ask the model for its answers to these records' prompts (greedy to the prompt and the paraphrase, one
         sample), keep them as training examples with fresh targets, and say per record whether a greedy answer
         leaked or looped."""
         answers = self.answering.ask(model, records, REPLAYED, seed=self.seed * 7919 + self.refreshes)
-        if self.base_loops is None:
-            self.base_loops = {(a.record_id, a.kind) for a in answers if a.looped}
         examples = [self.answering.replay_example(a) for a in answers]
         self.answering.set_targets(examples, self.reference, self.device, draw=self.refreshes)
         self.refreshes += 1
@@ -67,7 +73,7 @@ def flagged(example: EncodedRecord) -> bool:
 
 def verdicts(answers: list[Answer], records: list[EncodedRecord], base_loops: set[tuple[str, str]] | None = None
              ) -> dict[str, tuple[bool, bool]]:
-    """Per record: (some greedy answer leaked, some greedy answer looped where theta_0's did not)."""
+    """Per record: (some greedy answer leaked, some greedy answer looped where a loop is held against it)."""
     out = {r.id: (False, False) for r in records}
     for a in answers:
         if a.kind in GREEDY:

@@ -114,8 +114,8 @@ class OnlineRule:
             floors, {r.id for r in forget} - self.located if self.located else None)
         self.latest = RecordStates(self.measure(forget))
         self.initial_v = self.latest.mean()
-        if self.replays is not None:  # theta_0's own answers to every record: the first replays, and its loops
-            said = self.replays.refresh(self.policy.model, forget)
+        if self.replays is not None:  # theta_0's own answers to every record trained: the first replays, its loops
+            said = self.replays.start(self.policy.model, self.train_set)
             self.latest.update([replace(self.latest[rid], leaked=leaked, looped=looped)
                                 for rid, (leaked, looped) in said.items()])
         self.calibration_seconds = time.perf_counter() - t0
@@ -247,8 +247,9 @@ class OnlineRule:
                     # open for 250 steps), and must open again.
                     self.latest.update([replace(c, leaked=self.latest[c.id].leaked, looped=self.latest[c.id].looped)
                                         for c in self.measure(self.run.forget)])
-                # The records open now (a closed one is asked again at the confirmation), a seeded sample of them.
-                open_records = [r for r in self.run.forget if not self.train_mode or self.is_open(r.id)]
+                # The records open now (a closed one is asked again at the confirmation), a seeded sample of them;
+                # never one held out (holdout mode): its answers would train it.
+                open_records = [r for r in self.train_set if not self.train_mode or self.is_open(r.id)]
                 asked = rng.sample(open_records, min(len(open_records), params.replay_records))
                 said = self.replays.refresh(self.policy.model, asked) if asked else {}
                 if self.train_mode:  # fresh flags: one kept from the last confirmation would keep the trigger shut
