@@ -70,7 +70,9 @@ def test_auto_alpha_is_theta0_violation_on_the_records_counterfactuals(fixture_m
     outcome, _ = unlearned
     r = outcome.result.as_dict()
     assert r["alpha"]["source"] == "auto"
-    assert r["erasure"]["ceilings"]["by_source"] == {"perturbed_completions": len(forget_records)}
+    by_source = r["erasure"]["ceilings"]["by_source"]  # a located record's floor (its template's share) may win
+    assert set(by_source) <= {"perturbed_completions", "template_share"}
+    assert sum(by_source.values()) == len(forget_records)
     base, tokenizer = load_model(fixture_model, torch.device("cpu"))
     policy = Policy(base, lora=True)  # adapters start at zero: exactly theta_0
     masc = Masc(MascParams(), policy, tokenizer.pad_token_id)

@@ -113,7 +113,8 @@ def test_jobs_not_ended_take_the_content_parameters_when_0009_runs(tmp_path):
         for job_id, state in (("job_q", "QUEUED"), ("job_d", "SUCCEEDED")):
             connection.execute(text(f"INSERT INTO jobs ({columns}) VALUES (:id, 't', 'unlearning', 'mdl_1', 1, 0, "
                                     ":id, 'masc', '{{}}', :state, '{{}}', '{{}}', 0, 3, 0, '2026-12-01 00:00:00', "
-                                    "'2026-12-01 00:00:00', :spec)"), dict(id=job_id, state=state, spec=json.dumps(old)))
+                                    "'2026-12-01 00:00:00', :spec)"),
+                               dict(id=job_id, state=state, spec=json.dumps(old)))
     migrate(url)
     with engine.connect() as connection:
         specs = {k: json.loads(v) for k, v in connection.execute(text("SELECT id, spec FROM jobs")).all()}
