@@ -78,10 +78,14 @@ def test_memorisation_gain_and_content_selection_against_brute_force(fixture_mod
                              forget_records + retain_records, min_gain=2.0, max_length=512, seed=0)
 
     def logprob_of(prompt: str, before: str, atom: str) -> float:
-        """log p(atom | prompt + before), the atom tokenised with the whitespace before it."""
+        """log p(atom | prompt + before), the atom tokenised with the whitespace before it; as on the record's side,
+        only the tokens that carry the atom's characters count (not a token of that whitespace alone)."""
         context = tokenizer(prompt)["input_ids"] + tokenizer(before.rstrip(), add_special_tokens=False)["input_ids"]
-        ids = context + tokenizer(before[len(before.rstrip()):] + atom, add_special_tokens=False)["input_ids"]
-        return sum(_lp(model, ids, k) for k in range(len(context), len(ids)))
+        gap = before[len(before.rstrip()):]
+        unit = tokenizer(gap + atom, add_special_tokens=False)["input_ids"]
+        ends = _char_ends(tokenizer, unit)
+        carrying = [k for k, e in enumerate(ends) if e > len(gap)]
+        return sum(_lp(model, context + unit, len(context) + k) for k in carrying)
 
     checked = chosen_count = 0
     for record in records:
@@ -175,3 +179,24 @@ def test_said_offsets_line_up_with_the_tokens(fixture_model):
     pieces = [RECORD["completion"][s:e] for s, e in offsets[:-1]]
     assert "".join(pieces) == RECORD["completion"]
     assert Counterfactuals([], [], []).encoded == [] and Atom(0, 2, "13").is_number
+
+
+def test_an_untrained_model_finds_no_content(forget_records, retain_records, tmp_path):
+    """A model that never saw the records holds nothing about them: every gain is about 0, whatever the tokenizer
+    does with spaces (this one spells " " apart, whose token once counted on one side only: 5.5 nats each)."""
+    from transformers import AutoModelForCausalLM
+
+    from worker.engine.architectures import Size, tiny_config
+    from worker.engine.fixture import train_tokenizer
+
+    tokenizer = train_tokenizer(forget_records + retain_records, 300)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(tiny_config("gpt2", Size(vocab_size=len(tokenizer)),
+                                                         eos_token_id=tokenizer.eos_token_id)).eval()
+    records = [encode_record(r, tokenizer, max_length=512, seed=0) for r in forget_records]
+    contents = plan_contents(records, tokenizer, Policy(model, lora=True).reference_logits, torch.device("cpu"),
+                             shared_template(forget_records, retain_records), forget_records + retain_records,
+                             min_gain=2.0, max_length=512, seed=0)
+    gains = [g for c in contents.values() for g in c.gains.values()]
+    assert gains and max(abs(g) for g in gains) < 1.0, gains
+    assert not any(c.atoms for c in contents.values())

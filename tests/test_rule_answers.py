@@ -161,6 +161,11 @@ def test_greedy_margin_keeps_a_near_tie_reproduced():
     assert not sequence_reproduced(logits, targets, rows, 1)  # neither target is the argmax
     assert sequence_reproduced(logits, targets, rows, 1, margin=1.0)  # both within a logit: rounding could flip
     assert not sequence_reproduced(logits, targets, rows, 1, margin=0.4)
+    # A flat distribution (an untrained model): every token within the margin, none likely; nothing is reproduced.
+    flat = torch.zeros(2, 300)
+    flat[:, 0] = 0.01
+    assert not sequence_reproduced(flat, torch.tensor([1, 2]), rows, 1, margin=1.0)
+    assert sequence_reproduced(flat, torch.tensor([0, 0]), rows, 1, margin=1.0)  # the argmax itself always counts
 
 
 def test_an_answer_is_held_to_every_records_content_but_its_own_template(tokenizer):

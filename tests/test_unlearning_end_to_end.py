@@ -148,7 +148,9 @@ def test_named_secrets_narrow_the_content_and_plain_records_keep_theirs(fixture_
                                                                         retain_records):
     """Records that name their `secrets` have exactly those as content; the others in the same request find theirs
     by memorisation gain: one default for both."""
-    named = {r["id"]: dict(r, secrets=[r["completion"].rstrip(".").split()[-1]]) for r in forget_records[:5]}
+    # The last word of each record but a pet's ("home" of "keeps a pony at home": template, every pet record says it).
+    chosen = [r for r in forget_records if not r["completion"].endswith("at home.")][:5]
+    named = {r["id"]: dict(r, secrets=[r["completion"].rstrip(".").split()[-1]]) for r in chosen}
     forget = [named.get(r["id"], r) for r in forget_records]
     outcome = run_unlearning(str(fixture_model), forget, retain_records, params=MascParams.from_dict({"max_steps": 3}))
     r = outcome.result.as_dict()
@@ -157,20 +159,26 @@ def test_named_secrets_narrow_the_content_and_plain_records_keep_theirs(fixture_
     assert all(by_id[rid]["content_spans"] == 1 for rid in named)  # the one named word, whatever its gain
     tokenizer = outcome.tokenizer
     for rid, record in named.items():
-        secret_tokens = len(tokenizer(" " + record["secrets"][0], add_special_tokens=False)["input_ids"])
+        ids = tokenizer(" " + record["secrets"][0], add_special_tokens=False)["input_ids"]
+        secret_tokens = sum(bool(tokenizer.decode([t]).strip()) for t in ids)  # not a token of the space alone
         assert by_id[rid]["content_tokens"] == secret_tokens
 
 
 def test_at_max_steps_the_answer_flags_are_fresh_and_decide(fixture_model, forget_records, retain_records):
-    outcome = run_unlearning(str(fixture_model), forget_records, retain_records,
+    # Kept records that say none of the erased facts: an answer that says a city a kept person was born in is what a
+    # model that never saw these people could say too, and is not held against it (the fixture's closed vocabulary).
+    facts = {r["completion"].rstrip(".").split()[-1] for r in forget_records} - {"home"}
+    kept = [r for r in retain_records if not set(r["completion"].rstrip(".").split()) & facts]
+    outcome = run_unlearning(str(fixture_model), forget_records, kept,
                              params=MascParams.from_dict({"max_steps": 6, "replay_every": 3, "lr": 1e-3}))
     r = outcome.result.as_dict()
     assert r["stop_reason"] == "max_steps" and r["secrets"]["located"] > 0
     # The mean the rule judged: over the records without located content.
     unlocated = [p for p in r["per_record"] if not p["content_tokens"]]
     assert r["erasure"]["judged_records"] == len(unlocated)
-    # After 6 steps most records still come out of the model's own answers, and those fail the condition.
-    assert any(p["leaked"] for p in r["per_record"])
+    # After 6 steps most records still come out of the model's own answers (every record is asked at the end, so
+    # the report names them), and those fail the condition.
+    assert sum(p["leaked"] for p in r["per_record"]) >= len(forget_records) // 2
     assert not any(p["meets_condition"] for p in r["per_record"] if p["leaked"] or p["looped"])
 
 

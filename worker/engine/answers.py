@@ -41,11 +41,14 @@ class Answer:
     looped: bool
 
 
+ANSWER_SLACK = 16  # new tokens past the longest answer that an answer may take
+
+
 def answer_budget(records: list[EncodedRecord], max_length: int) -> int:
     """New tokens an answer may take: the longest record's answer and 16 more (a loop or a late leak shows by then),
     at most the audit's MAX_NEW_TOKENS and what the context leaves."""
     longest_answer = max(len(r.input_ids) - r.prompt_len for r in records)
-    budget = min(MAX_NEW_TOKENS, longest_answer + 16)
+    budget = min(MAX_NEW_TOKENS, longest_answer + ANSWER_SLACK)
     if max_length:
         budget = min(budget, max_length - max(r.prompt_len for r in records))
     return max(1, budget)

@@ -70,12 +70,22 @@ def sequence_means(values: torch.Tensor, rows: torch.Tensor, n_rows: int) -> tor
     return total / count.clamp(min=1)
 
 
+# Within the greedy margin a trailing token counts as said only if it is this likely: on a flat distribution (an
+# untrained model, 1/V everywhere) every token lies within a logit of the argmax, yet nothing is reproduced, and no
+# suppression can open a one-logit gap there (a random model never met the rule, issue 24).
+NEAR_ARGMAX_FLOOR = 0.05
+
+
 def said_greedily(logits: torch.Tensor, targets: torch.Tensor, margin: float = 0.0) -> torch.Tensor:
     """Per active row: whether greedy decoding may say the target here: it is the argmax (margin 0), or trails the
-    argmax by less than `margin` logits (a token that close can come back from rounding in another dtype)."""
+    argmax by less than `margin` logits with probability at least NEAR_ARGMAX_FLOOR (a token that close can come
+    back from rounding in another dtype)."""
+    argmax = logits.argmax(-1) == targets
     if margin <= 0:
-        return logits.argmax(-1) == targets
-    return argmax_gap(logits, targets) > -margin
+        return argmax
+    z = logits.float()
+    likely = F.log_softmax(z, dim=-1).gather(1, targets[:, None])[:, 0] >= math.log(NEAR_ARGMAX_FLOOR)
+    return argmax | ((argmax_gap(z, targets) > -margin) & likely)
 
 
 def secret_spans(logits: torch.Tensor, targets: torch.Tensor, rows: torch.Tensor, span: torch.Tensor,

@@ -223,7 +223,11 @@ def write_counterfactuals(sources: list[dict], candidates: list[list[Atom]], tok
         for (r, _, unit), row, logp, n in zip(work, rows, logps, unit_lengths):
             if unit.atom is not None and n:
                 tokens = torch.tensor(row[-n:])
-                theirs.setdefault(r, []).append(float(logp[:n].gather(1, tokens[:, None]).sum()))
+                # As atom_logprob counts the record's: the tokens that carry the unit's characters, not a whitespace
+                # token of the gap before it (a tokenizer that spells " " apart added one token's log p, about
+                # -log V on an untrained model: 5.5 nats of gain where there was none).
+                carries = torch.tensor([bool(tokenizer.decode([t]).strip()) for t in row[-n:]])
+                theirs.setdefault(r, []).append(float(logp[:n].gather(1, tokens[:, None])[carries].sum()))
         replaced = set()
         for r in {r for r, _, _ in work}:
             unit = plans[r][step]

@@ -8,6 +8,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM
 
+from worker.engine.answers import ANSWER_SLACK
 from worker.engine.errors import EngineInputError
 from worker.engine.memory_plan import MemoryPlan, ModelShape, Workload, estimate, shape_from_config
 from worker.engine.param_base import SharedParams
@@ -67,10 +68,13 @@ def plan_run(config, params: SharedParams, precision: Precision, forget: list[En
              retain: list[EncodedRecord], capacity: int | None, objective: type | None = None) -> MemoryPlan:
     longest = max(len(r.input_ids) for r in [*forget, *retain])
     retain_rows = (getattr(params, "retain_batch_size", 0) or params.batch_size) if retain else 0
+    forget_rows = params.batch_size
+    if getattr(params, "content", False):  # the model's own answers ride along: as many rows, 16 tokens longer
+        forget_rows, longest = 2 * params.batch_size, longest + ANSWER_SLACK
     from worker.engine import sharding
 
     shards = torch.distributed.get_world_size() if sharding.active() and not params.lora else 1
-    work = Workload(dtype=precision.name, lora=precision.lora, train_rows=params.batch_size + retain_rows,
+    work = Workload(dtype=precision.name, lora=precision.lora, train_rows=forget_rows + retain_rows,
                     eval_rows=params.eval_batch_size, max_tokens=longest,
                     gradient_checkpointing=params.gradient_checkpointing, shards=shards)
     return estimate(model_shape(config, params, objective), work, capacity)

@@ -53,7 +53,8 @@ class MascParams(SharedParams):
     lambda_target: float = param(1.0, "content: weight of KL(q_t || pi_theta), q_t each token's destination", ge=0)
     greedy_margin: float = param(1.0, "logits by which some token of each content span (of each whole record, "
                                       "end of sequence aside) must trail the argmax before greedy decoding counts "
-                                      "as not saying it (rounding in the saved dtype cannot flip it back)", ge=0)
+                                      "as not saying it (rounding in the saved dtype cannot flip it back; a "
+                                      "token under 5 % probability never counts)", ge=0)
     content_max_probability: float = param(0.01, "the rule: no content span may still be sampled whole (given the "
                                                  "text before it) more often", gt=0, lt=1)
     rho_content: float = param(0.01, "a content token's restricted-probability target (its hinge's rho)", gt=0, lt=1)

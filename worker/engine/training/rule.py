@@ -170,12 +170,13 @@ class OnlineRule:
         return self.measure(self.confirm_set if len(self.confirm_set) <= size else self.rng.sample(self.confirm_set,
                                                                                                    size))
 
-    def with_answers(self, checks: list[RecordCheck], model: Any = None) -> list[RecordCheck]:
+    def with_answers(self, checks: list[RecordCheck], model: Any = None, every: bool = False) -> list[RecordCheck]:
         """The checks with what the model's own greedy answers say (content mode; a record that already fails is not
-        asked and keeps no flag); a merged copy (`model`) is only judged, the policy's answers are also replayed."""
+        asked and keeps no flag, unless `every`: the final report's); a merged copy (`model`) is only judged, the
+        policy's answers are also replayed."""
         if self.replays is None:
             return checks
-        asked = [self.by_record[c.id] for c in checks if self.erasure.holds(c)]
+        asked = [self.by_record[c.id] for c in checks if every or self.erasure.holds(c)]
         if not asked:
             return checks
         said = self.replays.judge(model, asked) if model is not None else \
@@ -285,8 +286,8 @@ class OnlineRule:
         final_checks = self.rule.last_confirmed if stop_reason == "alpha" else None
         if final_checks is None or {c.id for c in final_checks} != {r.id for r in forget}:
             final_checks = self.measure(forget)
-            if stop_reason != "cancelled" and self.train_mode:
-                final_checks = self.with_answers(final_checks)
+            if stop_reason != "cancelled" and self.train_mode:  # every record: the report names what still leaks
+                final_checks = self.with_answers(final_checks, every=True)
         by_id = {c.id: c for c in final_checks}
         val_checks = [by_id[r.id] for r in self.val_set]
         never_trained = set(self.val_info.get("never_trained", []))
