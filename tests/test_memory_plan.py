@@ -114,8 +114,14 @@ MODES = [{}, {"dtype": "bfloat16"}, {"lora": False}, {"lora": False, "dtype": "b
          {"gradient_checkpointing": True}]
 
 
-@pytest.mark.parametrize("family", ["gpt2", "llama", "gpt_neox"])
-@pytest.mark.parametrize("mode", MODES, ids=lambda m: "-".join(f"{k}={v}" for k, v in m.items()) or "default")
+# Every mode on gpt2 and llama (Conv1D and Linear projections, grouped-query attention); gpt_neox (fused QKV) in the
+# default mode: each case is a whole run with the model's answers, so the matrix is kept to what differs.
+CASES = [(family, mode) for mode in MODES for family in (["gpt2", "llama", "gpt_neox"] if not mode else
+                                                            ["gpt2", "llama"])]
+
+
+@pytest.mark.parametrize(("family", "mode"), CASES,
+                         ids=[f"{'-'.join(f'{k}={v}' for k, v in m.items()) or 'default'}-{f}" for f, m in CASES])
 def test_the_estimate_brackets_the_measured_peak(family, mode, tokenizer, records, tmp_path):
     source = saved_tiny(family, tokenizer, tmp_path)
     forget = [{**r, "completion": r["completion"] + " and more" * 12} for r in records[:4]]  # longer rows
