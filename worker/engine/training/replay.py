@@ -28,15 +28,20 @@ class Replays:
         (a loop the erasure did not make), or on the same question about someone else (a model that never saw the
         record would loop there too: mini-TOFU's retrain reference loops in a fifth of its answers)."""
         self.base_loops = self.answering.natural_loops(model, records, GREEDY)
-        answers = self.answering.ask(model, records, GREEDY)
-        self.base_loops |= {(a.record_id, a.kind) for a in answers if a.looped}
-        return self.refresh(model, records)
+        answers = self._ask(model, records)
+        self.base_loops |= {(a.record_id, a.kind) for a in answers if a.looped and a.kind in GREEDY}
+        return self._keep(answers, records)
 
     def refresh(self, model: Any, records: list[EncodedRecord]) -> dict[str, tuple[bool, bool]]:
         """Ask the model for its answers to these records' prompts (greedy to the prompt and the paraphrase, one
         sample), keep them as training examples with fresh targets, and say per record whether a greedy answer
         leaked or looped."""
-        answers = self.answering.ask(model, records, REPLAYED, seed=self.seed * 7919 + self.refreshes)
+        return self._keep(self._ask(model, records), records)
+
+    def _ask(self, model: Any, records: list[EncodedRecord]) -> list[Answer]:
+        return self.answering.ask(model, records, REPLAYED, seed=self.seed * 7919 + self.refreshes)
+
+    def _keep(self, answers: list[Answer], records: list[EncodedRecord]) -> dict[str, tuple[bool, bool]]:
         examples = [self.answering.replay_example(a) for a in answers]
         self.answering.set_targets(examples, self.reference, self.device, draw=self.refreshes)
         self.refreshes += 1

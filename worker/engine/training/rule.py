@@ -172,8 +172,8 @@ class OnlineRule:
 
     def with_answers(self, checks: list[RecordCheck], model: Any = None, every: bool = False) -> list[RecordCheck]:
         """The checks with what the model's own greedy answers say (content mode; a record that already fails is not
-        asked and keeps no flag, unless `every`: the final report's); a merged copy (`model`) is only judged, the
-        policy's answers are also replayed."""
+        asked and keeps no flag, unless `every`: the final report's); answers of a given `model` (a merged copy, or
+        the policy at the end) are only judged, the policy's otherwise also replayed."""
         if self.replays is None:
             return checks
         asked = [self.by_record[c.id] for c in checks if every or self.erasure.holds(c)]
@@ -287,7 +287,8 @@ class OnlineRule:
         if final_checks is None or {c.id for c in final_checks} != {r.id for r in forget}:
             final_checks = self.measure(forget)
             if stop_reason != "cancelled" and self.train_mode:  # every record: the report names what still leaks
-                final_checks = self.with_answers(final_checks, every=True)
+                # (judged only: answers kept for replay now would never be trained on)
+                final_checks = self.with_answers(final_checks, self.policy.model, every=True)
         by_id = {c.id: c for c in final_checks}
         val_checks = [by_id[r.id] for r in self.val_set]
         never_trained = set(self.val_info.get("never_trained", []))
