@@ -12,7 +12,7 @@ Each row: the erasure, the extraction audit's channels (greedy, sampled, paraphr
 audit's own secrets: named, else the records' numbers and distinctive words), loops in the answers to the prompts and
 the paraphrased prompts, fluency and PrivLeak against the retrain reference, forget quality (mini-TOFU), and what is
 kept. Prints a table, writes bench/results/forgetting*.json and the block in BENCHMARKS.md. Nothing is asserted.
-`--customers-only` / `--tofu-only`: one block; `--seeds N`: the default job's seeds (3)."""
+`--customers-only` / `--tofu-only`: one block; `--seeds N`: the default job's seeds (3); `--no-baselines`: MASC only."""
 from __future__ import annotations
 
 import json
@@ -102,7 +102,9 @@ def customers_block(log, seeds: int) -> list[dict]:
         rows.append({"data": "customers", "arch": arch, "run": "base",
                      **measure(base, tokenizer, sets, neighbour_ids, reference, ref_row)})
         rows.append({"data": "customers", "arch": arch, "run": "retrain reference", **ref_row})
-        todo = [*masc_runs(seeds), *((f"{m} {b}", m, b, None, "named") for m, b in BASELINES.items())]
+        baselines = [] if "--no-baselines" in sys.argv else [(f"{m} {b}", m, b, None, "named")
+                                                             for m, b in BASELINES.items()]
+        todo = [*masc_runs(seeds), *baselines]
         for name, method, values, preset, which in todo:
             log(f"customers {arch}: {name}")
             rows.append({"data": "customers", "arch": arch, "run": name,

@@ -6,7 +6,7 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-from worker.engine.content import Atom, candidate_atoms, proper_nouns, runs, substitution
+from worker.engine.content import Atom, candidate_atoms, frequent_template, proper_nouns, runs, substitution
 from worker.engine.counterfactual import shared_template
 from worker.engine.destination import (
     Counterfactuals,
@@ -16,6 +16,7 @@ from worker.engine.destination import (
     targets_for,
 )
 from worker.engine.loading import Policy, load_model
+from worker.engine.memorisation import FALLBACK_BAND
 from worker.engine.records import SECRET, SUPPRESS, TEMPLATE, EncodedRecord, encode_record
 
 RECORD = {"id": "r", "prompt": "Q: Where does Mona Okafor live?\nA:",
@@ -87,28 +88,34 @@ def test_memorisation_gain_and_content_selection_against_brute_force(fixture_mod
         carrying = [k for k, e in enumerate(ends) if e > len(gap)]
         return sum(_lp(model, context + unit, len(context) + k) for k in carrying)
 
-    checked = chosen_count = 0
+    checked = chosen_count = fallbacks = 0
+    frequent = frequent_template(forget_records + retain_records)
     for record in records:
         source, content = record.source, contents[record.id]
         completion = source["completion"]
         comp_ids = tokenizer(completion, add_special_tokens=False)["input_ids"]
         ends = _char_ends(tokenizer, comp_ids)
         prompt_ids = tokenizer(source["prompt"])["input_ids"]
-        decided = {}
-        for atom in candidate_atoms(source, template):
-            if atom.key in decided:
-                assert (atom in content.atoms) == decided[atom.key]  # a recurring word is decided once
-                continue
+        gains: dict[str, float] = {}
+        atoms = candidate_atoms(source, template) or candidate_atoms(source, frequent & template)
+        for atom in atoms:
+            if atom.key in gains:
+                continue  # a recurring word is decided once, where it first occurs
             mine = [k for k, e in enumerate(ends) if (ends[k - 1] if k else 0) < atom.end and atom.start < e]
             own = sum(_lp(model, prompt_ids + comp_ids, len(prompt_ids) + k) for k in mine)
             others = [logprob_of(sub.prompt, sub.said[:sub.map_offset(atom.start)], atom.text)
                       for sub in content.substitutions]
-            gain = own - sum(others) / len(others)
-            assert content.gains[f"{atom.text}@{atom.start}"] == pytest.approx(gain, abs=2e-3)
-            decided[atom.key] = gain >= 2.0
-            assert (atom in content.atoms) == decided[atom.key], (atom, gain)
+            gains[atom.key] = own - sum(others) / len(others)
+            assert content.gains[f"{atom.text}@{atom.start}"] == pytest.approx(gains[atom.key], abs=2e-3)
             checked += 1
-            chosen_count += atom in content.atoms
+        # Content: the atoms reaching min_gain; where none does, those within FALLBACK_BAND of the record's best.
+        reached = {k for k, g in gains.items() if g >= 2.0}
+        fallback = not reached and bool(gains)
+        best = max(gains.values(), default=0.0)
+        expected = reached or {k for k, g in gains.items() if g >= best - FALLBACK_BAND}
+        assert {a.key for a in content.atoms} == expected, (gains, content.atoms)
+        chosen_count += len(reached)
+        fallbacks += fallback
         # Exactly the tokens of the content atoms are focused; a record without content is suppressed whole.
         inside = {k for k, e in enumerate(ends) for atom in content.atoms
                   if (ends[k - 1] if k else 0) < atom.end and atom.start < e}
@@ -117,10 +124,10 @@ def test_memorisation_gain_and_content_selection_against_brute_force(fixture_mod
             assert {k for k, f in enumerate(focus) if f >= SECRET} == inside
         else:
             assert set(focus) == {SUPPRESS}
-        # The counterfactuals replace the content and keep the template.
+        # The counterfactuals replace the content found by its gain and keep the template (a fallback's stays).
         for sub in content.substitutions:
-            assert all(atom.text not in sub.said for atom in content.atoms if len(atom.text) > 3)
-    assert checked >= 6 and 0 < chosen_count < checked
+            assert all(atom.text not in sub.said for atom in content.atoms if len(atom.text) > 3 and not fallback)
+    assert checked >= 6 and 0 < chosen_count < checked and fallbacks < len(records)
 
 
 def test_named_secrets_replace_the_choice_and_banned_tokens_begin_or_spell_them(fixture_model, forget_records,
@@ -199,4 +206,33 @@ def test_an_untrained_model_finds_no_content(forget_records, retain_records, tmp
                              min_gain=2.0, max_length=512, seed=0)
     gains = [g for c in contents.values() for g in c.gains.values()]
     assert gains and max(abs(g) for g in gains) < 1.0, gains
-    assert not any(c.atoms for c in contents.values())
+    # No atom reaches min_gain, so each record falls back to its best-gain atoms: never suppressed whole.
+    for c in contents.values():
+        best = max(c.gains.values())
+        assert c.atoms and all(c.gains[f"{a.text}@{a.start}"] >= best - FALLBACK_BAND for a in c.atoms
+                               if f"{a.text}@{a.start}" in c.gains)
+
+
+def test_drafts_differ_and_their_names_are_the_records_names(fixture_model, forget_records, retain_records):
+    """The counterfactuals of one record are different people (each draft's generator once kept only the low 32
+    bits of its seed, which the drafts shared: all three drew the same words), and a replaced name is a name the
+    records use: drawn among any capitalised tokens, a memorised model wrote "Tanaka The"."""
+    model, tokenizer = load_model(fixture_model, torch.device("cpu"))
+    records = [encode_record(r, tokenizer, max_length=512, seed=0) for r in forget_records[:6]]
+    pool = forget_records + retain_records
+    names = proper_nouns(pool)
+    contents = plan_contents(records, tokenizer, Policy(model, lora=True).reference_logits, torch.device("cpu"),
+                             shared_template(forget_records, retain_records), pool, min_gain=2.0, max_length=512,
+                             seed=0)
+    differing = replaced = from_names = 0
+    for record in records:
+        subs = contents[record.id].substitutions
+        differing += len({s.prompt for s in subs}) > 1
+        prompt = record.source["prompt"]
+        for sub in subs:
+            for start, end, cf_start, cf_end in sub.prompt_pieces:
+                if prompt[start:end].lower() in names:
+                    replaced += 1
+                    from_names += sub.prompt[cf_start:cf_end].lower() in names
+    assert differing == len(records)
+    assert replaced and from_names >= 0.8 * replaced, (from_names, replaced)

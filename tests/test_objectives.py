@@ -77,3 +77,37 @@ def test_rmu_terms_by_hand():
     assert forget_term.item() == pytest.approx(((1 - 2) ** 2 + (1 - 0) ** 2) / 2)  # padding ignored
     assert retain_term.item() == pytest.approx((0 + 4) / 2)
     assert total.item() == pytest.approx(1.0 + 100 * 2.0)
+
+
+def test_destination_margin_raises_each_token_by_its_target_probability():
+    """Where a position has a target q, the hinge's margin is z(y) - sum_v q(v) z(v) over q without the gold: its
+    gradient is +beta on the gold and -beta q(v) on each destination token, by brute force on a tiny batch; a
+    position without a target keeps the model's own margin."""
+    from worker.engine import margin as M
+    from worker.engine.methods.masc import Masc
+    from worker.engine.params import MascParams
+    from worker.engine.records import Batch
+
+    torch.manual_seed(0)
+    vocab, beta = 7, 2.0
+    masc = Masc(MascParams(beta=beta), policy=None, pad_id=0)  # type: ignore[arg-type]
+    labels = torch.tensor([[IGNORE, 3, 5]])
+    ids = torch.zeros(1, 3, 4, dtype=torch.long)
+    probs = torch.zeros(1, 3, 4)
+    ids[0, 1] = torch.tensor([1, 3, 4, 6])  # the gold (3) is among the ids: it never counts
+    probs[0, 1] = torch.tensor([0.5, 0.2, 0.2, 0.1])
+    batch = Batch(torch.zeros(1, 3, dtype=torch.long), torch.ones(1, 3), labels, None, ids, probs)
+    logits = torch.randn(1, 3, vocab, requires_grad=True)
+    z, y, _ = M.active_positions(logits, labels)
+    own = torch.tensor([0.123, 0.456])
+    margins = masc._destination_margins(own, z, y, batch)
+    q = {1: 0.5 / 0.8, 4: 0.2 / 0.8, 6: 0.1 / 0.8}
+    expected = beta * (float(z[0, 3]) - sum(p * float(z[0, v]) for v, p in q.items()))
+    assert float(margins[0]) == pytest.approx(expected, rel=1e-5)
+    assert float(margins[1]) == pytest.approx(0.456)  # no target there: the model's own margin stays
+    margins[0].backward()
+    grad = logits.grad[0, 0]
+    assert float(grad[3]) == pytest.approx(beta)
+    for v in range(vocab):
+        if v != 3:
+            assert float(grad[v]) == pytest.approx(-beta * q.get(v, 0.0), abs=1e-6)

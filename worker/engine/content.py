@@ -18,7 +18,7 @@ import re
 from bisect import bisect_right
 from dataclasses import dataclass, field
 
-from worker.engine.counterfactual import body, shared_template, words
+from worker.engine.counterfactual import body, common_words, shared_template, words
 from worker.engine.secret_spans import normalised
 
 WORD = re.compile(r"[^\W\d_]+")
@@ -102,6 +102,15 @@ def said_template(forget: list[dict], retain: list[dict]) -> set[str]:
     """The words the answers share (worker.engine.counterfactual.shared_template), names left out: they are never
     content; a name is content where its memorisation gain says so."""
     return shared_template(forget, retain) - proper_nouns(forget + retain)
+
+
+FREQUENT_SHARE = 0.25  # a template word most answers say: never content, even of a record with nothing else
+
+
+def frequent_template(records: list[dict]) -> set[str]:
+    """The words at least a quarter of the records' said texts share ("works", "as", "lives", "the"), names left
+    out: the template a record falls back to when all its units are template words some other records share."""
+    return common_words([body(r)[1] for r in records], min_share=FREQUENT_SHARE) - proper_nouns(records)
 
 
 @dataclass

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 import torch
 
 from worker.engine.chat import RENDERED
-from worker.engine.content import Atom, Substitution, candidate_atoms, proper_nouns, runs
+from worker.engine.content import Atom, Substitution, candidate_atoms, frequent_template, proper_nouns, runs
 from worker.engine.counterfactual import body
 from worker.engine.documents import TOKENS
 from worker.engine.errors import EngineInputError
@@ -187,7 +187,11 @@ def plan_contents(records: list[EncodedRecord], tokenizer, reference: Callable, 
     protected = tuple(str(t) for t in getattr(tokenizer, "all_special_tokens", []) or [])
     offsets = {r.id: said_offsets(r, tokenizer) for r in records}
     starts = [_active_start(offsets[r.id]) if "text" in r.source else 0 for r in records]
-    candidates = [candidate_atoms(r.source, template, f) for r, f in zip(records, starts)]
+    frequent = frequent_template(pool_records)
+    # A record whose said units are all template (its occupation shared with kept customers) is measured on the
+    # units most texts do not share: suppressing it whole spent the margin on the name its prompt gives.
+    candidates = [candidate_atoms(r.source, template, f) or candidate_atoms(r.source, frequent & template, f)
+                  for r, f in zip(records, starts)]
     named = [{a.key for a in named_atoms(r.source, template)} if named_secrets(r.source) else None for r in records]
     written = write_counterfactuals([r.source for r in records], candidates, tokenizer, reference, device,
                                     proper_nouns(pool_records), min_gain=min_gain, named=named, seed=seed,

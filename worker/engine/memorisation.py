@@ -13,7 +13,15 @@ For each record DRAWS counterfactual drafts are written together, left to right,
   one), and is then replaced in every draft; otherwise it stays, as the template does;
 - a replaced word is drawn from theta_0's own next-token distribution given the draft so far, as a word of the same
   kind (a new word where the original began one, capitalised where it was) among its DRAW_TOP likeliest, never the
-  original's first token, then its most likely continuation pieces; digits are redrawn.
+  original's first token, then its most likely continuation pieces; digits are redrawn. A name (of the prompt, or a
+  proper noun) is drawn uniformly among the DRAW_TOP likeliest names the records use, other words in proportion to
+  theta_0: drawn in proportion, a memorised model writes the first name it knows best and then that person's last
+  name, so the "someone else" was a person it knows, and theta_0's prediction there, the target, was that person's
+  facts (a forget answer then said a kept customer's occupation and phone number); drawn among any capitalised
+  tokens, off the records' paths, it wrote "Tanaka The". Mixed names are people nobody knows.
+- a record none of whose candidate atoms reaches min_gain takes the ones within FALLBACK_BAND nats of its best gain as
+  its content (they stay in the drafts), so that its erasure suppresses what is most its own and never the name its
+  prompt gives, as suppressing the whole record did.
 
 A word any context predicts scores about 0 (template, generic words, a street's "Lane"), and so does the "555"
 every phone number of a data set starts with; a fact the model holds about this record only scores high. Drafts
@@ -24,6 +32,7 @@ knows from cancelling the others.
 """
 from __future__ import annotations
 
+import hashlib
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -39,6 +48,7 @@ from worker.engine.records import EncodedRecord, collate
 
 MAX_PIECES = 4  # tokens of a drawn word
 DRAW_TOP = 8  # a replacement's first token is drawn among theta_0's likeliest tokens of its kind (not the tail)
+FALLBACK_BAND = 1.0  # nats below a record's best gain that its content reaches when no atom reaches min_gain
 Offsets = list[tuple[int, int] | None]
 
 
@@ -50,6 +60,7 @@ class Unit:
     end: int
     text: str
     atom: Atom | None  # a candidate atom of the said text: its gain decides; None: always replaced
+    name: bool = False  # a name or a proper noun: its replacement is drawn uniformly (see the module's docstring)
 
     @property
     def key(self) -> str:
@@ -72,7 +83,8 @@ def visits(record: dict, candidates: list[Atom], names: set[str], from_char: int
             always = (in_prompt or m.start() < from_char) and (unit.isdigit() or key in names)
             if atom is not None or always:
                 seen.add(key)
-                out.append(Unit(in_prompt, m.start(), m.end(), unit, atom))
+                out.append(Unit(in_prompt, m.start(), m.end(), unit, atom,
+                                not unit.isdigit() and (in_prompt or key in names)))
     return out
 
 
@@ -207,6 +219,9 @@ def write_counterfactuals(sources: list[dict], candidates: list[list[Atom]], tok
               for s in sources]
     written = [Written([], {}, set()) for _ in sources]
     own_firsts = [_first_tokens(tokenizer, [u.text for u in plan if not u.text.isdigit()]) for plan in plans]
+    spelled = [n[:1].upper() + n[1:] for n in sorted(names)]
+    name_firsts = {gap: sorted({ids[0] for n in spelled if (ids := tokenizer(gap + n, add_special_tokens=False)
+                                                               ["input_ids"])}) for gap in ("", " ")}
     for step in range(max((len(p) for p in plans), default=0)):
         work = [(r, d, plans[r][step]) for r in range(len(sources)) if step < len(plans[r]) for d in drafts[r]]
         rows, unit_lengths, gaps = [], [], []
@@ -250,8 +265,11 @@ def write_counterfactuals(sources: list[dict], candidates: list[list[Atom]], tok
                 d.numbers[unit.key] = redraw(unit.text, d.rng)
         _draw_words([(d, unit, rows[i][:len(rows[i]) - unit_lengths[i]], logps[i], gap, own_firsts[work[i][0]])
                      for i, d, unit, gap in drawing if not unit.text.isdigit() and gap is not None],
-                    tokenizer, reference, device, pad, batch_size)
+                    tokenizer, reference, device, pad, batch_size, name_firsts)
     for r, source in enumerate(sources):
+        if named[r] is None and not written[r].content and written[r].gains:
+            best = max(written[r].gains.values())
+            written[r].content = {a.key for a, g in written[r].gains.items() if g >= best - FALLBACK_BAND}
         written[r].substitutions = [substitution(source, d.words, d.numbers, protected) for d in drafts[r]]
     return written
 
@@ -266,9 +284,11 @@ def _first_tokens(tokenizer, texts: list[str]) -> list[int]:
 
 
 def _draw_words(work: list[tuple[Draft, Unit, list[int], torch.Tensor, str, list[int]]], tokenizer,
-                reference: Callable, device, pad: int, batch_size: int) -> None:
+                reference: Callable, device, pad: int, batch_size: int,
+                name_firsts: dict[str, list[int]] | None = None) -> None:
     """Each draft's replacement of its unit: a first token drawn from theta_0 among tokens of the unit's kind (none
-    that begins a word of the record's own), then the most likely pieces while they continue the word."""
+    that begins a word of the record's own; for a name, one that begins a name of the records where any does), then
+    the most likely pieces while they continue the word."""
     if not work:
         return
     kinds = token_kinds(tokenizer, work[0][3].shape[-1])
@@ -278,14 +298,20 @@ def _draw_words(work: list[tuple[Draft, Unit, list[int], torch.Tensor, str, list
         allowed = ((kinds.new_upper if capital else kinds.new_lower) if gap else
                    (kinds.bare_upper if capital else kinds.bare_lower)).clone()
         allowed[tokenizer(gap + unit.text, add_special_tokens=False)["input_ids"][:1] + own] = False
+        firsts = (name_firsts or {}).get(" " if gap else "", [])
+        if unit.name and firsts:
+            names_only = torch.zeros_like(allowed)
+            names_only[[t for t in firsts if t < len(names_only)]] = True
+            if bool((allowed & names_only).any()):
+                allowed &= names_only
         if not bool(allowed.any()):
             chosen.append([])
             continue
-        probs = logp[0].exp().masked_fill(~allowed, 0)
-        top = probs.topk(min(DRAW_TOP, int(allowed.sum())))
-        pick = int(torch.multinomial(top.values / top.values.sum(), 1, generator=d.generator)) \
-            if top.values.sum() > 0 else None
-        chosen.append([int(top.indices[pick])] if pick is not None else [])
+        # In log space: a memorised model's probabilities off its path underflow to 0 in float32.
+        top = logp[0].float().masked_fill(~allowed, float("-inf")).topk(min(DRAW_TOP, int(allowed.sum())))
+        weights = torch.isfinite(top.values).float() if unit.name else torch.softmax(top.values, 0)
+        pick = int(torch.multinomial(weights, 1, generator=d.generator))
+        chosen.append([int(top.indices[pick])])
     done = [not c for c in chosen]
     for _ in range(MAX_PIECES - 1):
         going = [i for i in range(len(work)) if not done[i]]
@@ -305,4 +331,7 @@ def _draw_words(work: list[tuple[Draft, Unit, list[int], torch.Tensor, str, list
 
 
 def _seed_of(tag: str) -> int:
-    return int.from_bytes(tag.encode()[-8:].ljust(8, b"\0"), "little") % (2 ** 63)
+    """A seed of 32 bits that differs wherever the tag does: torch's CPU generator keeps only the low 32 bits of
+    a seed, and the last bytes of two drafts' tags ("...:cf0", "...:cf1") differed only above them, so every draft
+    of a record drew the same words."""
+    return int(hashlib.sha256(tag.encode()).hexdigest()[:8], 16)

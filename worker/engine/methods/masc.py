@@ -3,8 +3,9 @@ suppress "content" (the default), a destination for every forget token.
 
 The forget rows carry a focus per token (worker.engine.destination, worker.engine.answers): the hinge suppresses the
 tokens of a record's content (SECRET), the tokens where the model's own answer loops (LOOP) and every token of a
-record without content or suppressed whole (SUPPRESS); TEMPLATE tokens are not suppressed. Every forget token that
-has a target q_t, suppressed or not, is moved towards it by
+record without content or suppressed whole (SUPPRESS); TEMPLATE tokens are not suppressed. Where a token has a
+target, its hinge's margin is taken against the target's mean logit (the destination), not the model's own top-k.
+Every forget token that has a target q_t, suppressed or not, is moved towards it by
 
     KL(q_t || pi_theta) = sum_v q_t(v) (log q_t(v) - log pi_theta(v | c_t)),
 
@@ -97,7 +98,8 @@ class Masc:
         with torch.no_grad():
             self.last_forget_measurement = self._measure(margins.detach(), rows, z.detach(), y, focus, n_forget)
         suppressed = focus != TEMPLATE
-        hinge = M.buffered_hinge(margins, self._thresholds(focus), p.eta)
+        hinge = M.buffered_hinge(self._destination_margins(margins, z, y, forget_rows), self._thresholds(focus),
+                                 p.eta)
         forget_loss = hinge[suppressed].mean() if suppressed.any() else hinge.sum() * 0
         total = self.forget_weight * forget_loss
         parts = {"forget": forget_loss.item()}
@@ -112,6 +114,29 @@ class Masc:
             parts["retain"] = retain_loss.item()
         parts["total"] = total.item()
         return total, parts
+
+    def _destination_margins(self, margins: torch.Tensor, z: torch.Tensor, y: torch.Tensor, batch: Batch
+                             ) -> torch.Tensor:
+        """The margins the hinge trains on. Where a position has a target q, the gold logit against q's mean logit,
+
+            m_t = beta (z(y_t) - sum_v q_t(v) z(v)),
+
+        whose gradient raises each token by q_t(v): exactly the destination. Against the model's own top-k (or q's
+        top-k through a logsumexp) it raised whatever the model already ranked highest, and at "works as a" that was
+        the full stop ("works as a.", where q put 0.65 on another occupation and 0.03 on the stop). The stop rule
+        measures with the model's own alternatives (see _margins)."""
+        if batch.target_ids is None or batch.target_probs is None:
+            return margins
+        ids = M.active_values(batch.target_ids, batch.labels).to(z.device)
+        probs = M.active_values(batch.target_probs, batch.labels).to(z.device).float()
+        probs = probs.masked_fill(ids == y[:, None], 0)
+        mass = probs.sum(-1, keepdim=True)
+        has = mass.squeeze(-1) > 0
+        if not bool(has.any()):
+            return margins
+        expected = (z.gather(1, ids).float() * probs / mass.clamp(min=1e-30)).sum(-1)
+        gold = z.gather(1, y[:, None]).squeeze(1).float()
+        return torch.where(has, self.params.beta * (gold - expected), margins)
 
     @staticmethod
     def _target_term(z: torch.Tensor, batch: Batch) -> torch.Tensor | None:
