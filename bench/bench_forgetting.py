@@ -12,7 +12,8 @@ Each row: the erasure, the extraction audit's channels (greedy, sampled, paraphr
 audit's own secrets: named, else the records' numbers and distinctive words), loops in the answers to the prompts and
 the paraphrased prompts, fluency and PrivLeak against the retrain reference, forget quality (mini-TOFU), and what is
 kept. Prints a table, writes bench/results/forgetting*.json and the block in BENCHMARKS.md. Nothing is asserted.
-`--customers-only` / `--tofu-only`: one block; `--seeds N`: the default job's seeds (3); `--no-baselines`: MASC only."""
+`--customers-only` / `--tofu-only`: one block; `--seeds N`: the default job's seeds (3); `--no-baselines`: no
+baselines; `--default-only`: the default job only (no preset, no baselines)."""
 from __future__ import annotations
 
 import json
@@ -73,7 +74,8 @@ def masc_runs(seeds: int) -> list[tuple[str, str, dict, str | None, str]]:
            for s in range(seeds)]
     out += [(f"default, secrets named, seed {s}", "masc", {"seed": s} if s else {}, None, "named")
             for s in range(seeds)]
-    out.append(("preset whole-record (the paper's suppression), plain", "masc", {}, "whole-record", "plain"))
+    if "--default-only" not in sys.argv:
+        out.append(("preset whole-record (the paper's suppression), plain", "masc", {}, "whole-record", "plain"))
     return out
 
 
@@ -102,8 +104,8 @@ def customers_block(log, seeds: int) -> list[dict]:
         rows.append({"data": "customers", "arch": arch, "run": "base",
                      **measure(base, tokenizer, sets, neighbour_ids, reference, ref_row)})
         rows.append({"data": "customers", "arch": arch, "run": "retrain reference", **ref_row})
-        baselines = [] if "--no-baselines" in sys.argv else [(f"{m} {b}", m, b, None, "named")
-                                                             for m, b in BASELINES.items()]
+        skip = {"--no-baselines", "--default-only"} & set(sys.argv)
+        baselines = [] if skip else [(f"{m} {b}", m, b, None, "named") for m, b in BASELINES.items()]
         todo = [*masc_runs(seeds), *baselines]
         for name, method, values, preset, which in todo:
             log(f"customers {arch}: {name}")

@@ -59,7 +59,8 @@ GPU = Scale(authors=range(0, 200), forget_authors=range(180, 200),
             device="cuda", masc={"max_steps": 2000, "eval_batch_size": 64}, baseline={}, utility_records=400)
 REDUCED = Scale(authors=range(196, 200), forget_authors=range(199, 200),
                 model=FixtureConfig(seed=0, epochs=2, vocab_size=384, hidden_size=32, layers=2, heads=2, context=256),
-                device="cpu", masc={"max_steps": 4, "check_every": 2, "alpha": 1e-6, "rho": 1e-12},
+                device="cpu", masc={"max_steps": 4, "check_every": 2, "alpha": 1e-6, "rho": 1e-12,
+                              "content_max_probability": 1e-12},
                 baseline={"epochs": 0.2}, utility_records=8)
 
 

@@ -108,8 +108,10 @@ def measured_run(source, forget, retain, method, values):
     return result, tensors.peak, outcome
 
 
-# A random model forgets nothing, so MASC runs only where the rule cannot fire: rho 1e-12 (see test_architectures).
-FORCED = {"rho": 1e-12, "alpha": 0.01, "record_ceiling": 0.01, "max_steps": 3, "check_every": 1}
+# A random model forgets nothing, so MASC runs only where the rule cannot fire: rho 1e-12, and a content limit of
+# 1e-12 (each record's best-gain atoms are its content: a random model never says them; see test_architectures).
+FORCED = {"rho": 1e-12, "alpha": 0.01, "record_ceiling": 0.01, "max_steps": 3, "check_every": 1,
+          "content_max_probability": 1e-12}
 MODES = [{}, {"dtype": "bfloat16"}, {"lora": False}, {"lora": False, "dtype": "bfloat16"},
          {"gradient_checkpointing": True}]
 
