@@ -100,7 +100,7 @@ def test_destination_margin_raises_each_token_by_its_target_probability():
     logits = torch.randn(1, 3, vocab, requires_grad=True)
     z, y, _ = M.active_positions(logits, labels)
     own = torch.tensor([0.123, 0.456])
-    margins = masc._destination_margins(own, z, y, batch)
+    margins = masc._destination_margins(own, z, y, masc._active_targets(batch))
     q = {1: 0.5 / 0.8, 4: 0.2 / 0.8, 6: 0.1 / 0.8}
     expected = beta * (float(z[0, 3]) - sum(p * float(z[0, v]) for v, p in q.items()))
     assert float(margins[0]) == pytest.approx(expected, rel=1e-5)

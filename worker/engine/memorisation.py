@@ -291,19 +291,20 @@ def _draw_words(work: list[tuple[Draft, Unit, list[int], torch.Tensor, str, list
     the most likely pieces while they continue the word."""
     if not work:
         return
-    kinds = token_kinds(tokenizer, work[0][3].shape[-1])
+    size = work[0][3].shape[-1]
+    kinds = token_kinds(tokenizer, size)
+    names_only = {gap: torch.zeros(size, dtype=torch.bool) for gap in ("", " ")}
+    for gap, firsts in (name_firsts or {}).items():
+        names_only[gap][[t for t in firsts if t < size]] = True
     chosen: list[list[int]] = []
     for d, unit, _, logp, gap, own in work:
         capital = unit.text[:1].isupper()
         allowed = ((kinds.new_upper if capital else kinds.new_lower) if gap else
                    (kinds.bare_upper if capital else kinds.bare_lower)).clone()
         allowed[tokenizer(gap + unit.text, add_special_tokens=False)["input_ids"][:1] + own] = False
-        firsts = (name_firsts or {}).get(" " if gap else "", [])
-        if unit.name and firsts:
-            names_only = torch.zeros_like(allowed)
-            names_only[[t for t in firsts if t < len(names_only)]] = True
-            if bool((allowed & names_only).any()):
-                allowed &= names_only
+        names = names_only[" " if gap else ""]
+        if unit.name and bool((allowed & names).any()):
+            allowed &= names
         if not bool(allowed.any()):
             chosen.append([])
             continue

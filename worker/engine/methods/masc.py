@@ -98,13 +98,13 @@ class Masc:
         with torch.no_grad():
             self.last_forget_measurement = self._measure(margins.detach(), rows, z.detach(), y, focus, n_forget)
         suppressed = focus != TEMPLATE
-        hinge = M.buffered_hinge(self._destination_margins(margins, z, y, forget_rows), self._thresholds(focus),
-                                 p.eta)
+        targets = self._active_targets(forget_rows)
+        hinge = M.buffered_hinge(self._destination_margins(margins, z, y, targets), self._thresholds(focus), p.eta)
         forget_loss = hinge[suppressed].mean() if suppressed.any() else hinge.sum() * 0
         total = self.forget_weight * forget_loss
         parts = {"forget": forget_loss.item()}
-        if p.lambda_target > 0 and forget_rows.target_probs is not None:
-            target = self._target_term(z, forget_rows)
+        if p.lambda_target > 0 and targets is not None:
+            target = self._target_term(z, *targets)
             if target is not None:
                 total = total + p.lambda_target * target
                 parts["target"] = target.item()
@@ -115,8 +115,16 @@ class Masc:
         parts["total"] = total.item()
         return total, parts
 
-    def _destination_margins(self, margins: torch.Tensor, z: torch.Tensor, y: torch.Tensor, batch: Batch
-                             ) -> torch.Tensor:
+    @staticmethod
+    def _active_targets(batch: Batch) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The sparse targets at the active positions ([N, K] ids and probabilities; all 0: none), read once per step
+        for the hinge and the KL; None when the batch has none."""
+        if batch.target_ids is None or batch.target_probs is None:
+            return None
+        return M.active_values(batch.target_ids, batch.labels), M.active_values(batch.target_probs, batch.labels)
+
+    def _destination_margins(self, margins: torch.Tensor, z: torch.Tensor, y: torch.Tensor,
+                             targets: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
         """The margins the hinge trains on. Where a position has a target q, the gold logit against q's mean logit,
 
             m_t = beta (z(y_t) - sum_v q_t(v) z(v)),
@@ -125,11 +133,10 @@ class Masc:
         top-k through a logsumexp) it raised whatever the model already ranked highest, and at "works as a" that was
         the full stop ("works as a.", where q put 0.65 on another occupation and 0.03 on the stop). The stop rule
         measures with the model's own alternatives (see _margins)."""
-        if batch.target_ids is None or batch.target_probs is None:
+        if targets is None:
             return margins
-        ids = M.active_values(batch.target_ids, batch.labels).to(z.device)
-        probs = M.active_values(batch.target_probs, batch.labels).to(z.device).float()
-        probs = probs.masked_fill(ids == y[:, None], 0)
+        ids, probs = targets
+        probs = probs.float().masked_fill(ids == y[:, None], 0)
         mass = probs.sum(-1, keepdim=True)
         has = mass.squeeze(-1) > 0
         if not bool(has.any()):
@@ -139,11 +146,8 @@ class Masc:
         return torch.where(has, self.params.beta * (gold - expected), margins)
 
     @staticmethod
-    def _target_term(z: torch.Tensor, batch: Batch) -> torch.Tensor | None:
+    def _target_term(z: torch.Tensor, ids: torch.Tensor, probs: torch.Tensor) -> torch.Tensor | None:
         """KL to the targets, over the active positions that have one."""
-        assert batch.target_ids is not None and batch.target_probs is not None
-        ids = M.active_values(batch.target_ids, batch.labels)
-        probs = M.active_values(batch.target_probs, batch.labels)
         has = probs.sum(-1) > 0
         if not bool(has.any()):
             return None
