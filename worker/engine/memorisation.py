@@ -13,12 +13,15 @@ For each record DRAWS counterfactual drafts are written together, left to right,
   one), and is then replaced in every draft; otherwise it stays, as the template does;
 - a replaced word is drawn from theta_0's own next-token distribution given the draft so far, as a word of the same
   kind (a new word where the original began one, capitalised where it was) among its DRAW_TOP likeliest, never the
-  original's first token, then its most likely continuation pieces; digits are redrawn. A name (of the prompt, or a
-  proper noun) is drawn uniformly among the DRAW_TOP likeliest names the records use, other words in proportion to
-  theta_0: drawn in proportion, a memorised model writes the first name it knows best and then that person's last
-  name, so the "someone else" was a person it knows, and theta_0's prediction there, the target, was that person's
-  facts (a forget answer then said a kept customer's occupation and phone number); drawn among any capitalised
-  tokens, off the records' paths, it wrote "Tanaka The". Mixed names are people nobody knows.
+  first token of a word its record's drafts replace or of a forget record's name, then its most likely continuation
+  pieces; digits are redrawn. A name (of the prompt, or a proper noun) is drawn uniformly among the DRAW_TOP
+  likeliest names the records use that no forget record says, other words in proportion to theta_0. Drawn in
+  proportion, a memorised model writes the first name it knows best and then that person's last name, so the
+  "someone else" was a person it knows, and theta_0's prediction there, the target, was that person's facts (a forget
+  answer then said a kept customer's occupation and phone number); drawn among any capitalised tokens, off the
+  records' paths, it wrote "Tanaka The"; drawn among every name the records use, the draft of one erased customer was
+  often another erased customer, whose facts the target then gave (the rule counted them as a leak: the record never
+  closed). Mixed names of kept people are people nobody knows.
 - a record none of whose candidate atoms reaches min_gain takes the ones within FALLBACK_BAND nats of its best gain as
   its content (they stay in the drafts), so that its erasure suppresses what is most its own and never the name its
   prompt gives, as suppressing the whole record did.
@@ -35,6 +38,7 @@ from __future__ import annotations
 import hashlib
 import random
 from collections.abc import Callable
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from functools import lru_cache
 
@@ -42,11 +46,12 @@ import torch
 import torch.nn.functional as F
 
 from worker.engine.chat import RENDERED
-from worker.engine.content import DRAWS, UNIT, Atom, Substitution, redraw, substitute, substitution, unprotected
+from worker.engine.content import DRAWS, UNIT, WORD, Atom, Substitution, redraw, substitute, substitution, unprotected
 from worker.engine.counterfactual import body
 from worker.engine.records import EncodedRecord, collate
 
 MAX_PIECES = 4  # tokens of a drawn word
+REDRAWS = 3  # draws of a word that keeps coming out as a forget record's name
 DRAW_TOP = 8  # a replacement's first token is drawn among theta_0's likeliest tokens of its kind (not the tail)
 FALLBACK_BAND = 1.0  # nats below a record's best gain that its content reaches when no atom reaches min_gain
 Offsets = list[tuple[int, int] | None]
@@ -218,8 +223,14 @@ def write_counterfactuals(sources: list[dict], candidates: list[list[Atom]], tok
                      torch.Generator().manual_seed(_seed_of(f"{seed}:{s['id']}:cf{j}"))) for j in range(DRAWS)]
               for s in sources]
     written = [Written([], {}, set()) for _ in sources]
-    own_firsts = [_first_tokens(tokenizer, [u.text for u in plan if not u.text.isdigit()]) for plan in plans]
-    spelled = [n[:1].upper() + n[1:] for n in sorted(names)]
+    # No draft begins a word its record's drafts replace or a forget record's name, nor draws a name a forget
+    # record says: a draft about another erased person made theta_0's prediction there, the target, that person's facts
+    # (erasing Sofia trained her answer towards Emeka's phone number, which the rule then counted as a leak).
+    forget_names = {u.key for plan in plans for u in plan if u.name}
+    taken_names = _first_tokens(tokenizer, sorted(forget_names))
+    taken = [sorted(set(taken_names) | set(_first_tokens(tokenizer, [u.text for u in plan if not u.text.isdigit()])))
+             for plan in plans]
+    spelled = [n[:1].upper() + n[1:] for n in sorted(names - said_words(sources))]
     name_firsts = {gap: sorted({ids[0] for n in spelled if (ids := tokenizer(gap + n, add_special_tokens=False)
                                                                ["input_ids"])}) for gap in ("", " ")}
     for step in range(max((len(p) for p in plans), default=0)):
@@ -263,15 +274,21 @@ def write_counterfactuals(sources: list[dict], candidates: list[list[Atom]], tok
         for _, d, unit, _ in drawing:
             if unit.text.isdigit():
                 d.numbers[unit.key] = redraw(unit.text, d.rng)
-        _draw_words([(d, unit, rows[i][:len(rows[i]) - unit_lengths[i]], logps[i], gap, own_firsts[work[i][0]])
+        _draw_words([(d, unit, rows[i][:len(rows[i]) - unit_lengths[i]], logps[i], gap, taken[work[i][0]])
                      for i, d, unit, gap in drawing if not unit.text.isdigit() and gap is not None],
-                    tokenizer, reference, device, pad, batch_size, name_firsts)
+                    tokenizer, reference, device, pad, batch_size, name_firsts, forget_names)
     for r, source in enumerate(sources):
         if named[r] is None and not written[r].content and written[r].gains:
             best = max(written[r].gains.values())
             written[r].content = {a.key for a, g in written[r].gains.items() if g >= best - FALLBACK_BAND}
         written[r].substitutions = [substitution(source, d.words, d.numbers, protected) for d in drafts[r]]
     return written
+
+
+def said_words(sources: list[dict]) -> set[str]:
+    """The lower-cased words the records say anywhere (prompt, answer, passage, paraphrase)."""
+    return {m.group(0).lower() for s in sources for key in ("prompt", "completion", "text", "paraphrased_prompt")
+            if isinstance(text := s.get(key), str) for m in WORD.finditer(text)}
 
 
 def _first_tokens(tokenizer, texts: list[str]) -> list[int]:
@@ -285,10 +302,12 @@ def _first_tokens(tokenizer, texts: list[str]) -> list[int]:
 
 def _draw_words(work: list[tuple[Draft, Unit, list[int], torch.Tensor, str, list[int]]], tokenizer,
                 reference: Callable, device, pad: int, batch_size: int,
-                name_firsts: dict[str, list[int]] | None = None) -> None:
+                name_firsts: dict[str, list[int]] | None = None, forbidden: AbstractSet[str] = frozenset()) -> None:
     """Each draft's replacement of its unit: a first token drawn from theta_0 among tokens of the unit's kind (none
-    that begins a word of the record's own; for a name, one that begins a name of the records where any does), then
-    the most likely pieces while they continue the word."""
+    that begins a word its record's drafts replace or a forget record's name; for a name, one that begins a name of
+    the kept records where any does), then the most likely pieces while they continue the word. A word that comes
+    out `forbidden` (a forget record's name, its first token shared with a kept one's) is drawn again without that
+    first token, up to REDRAWS times (then kept: another person still beats the record's own)."""
     if not work:
         return
     size = work[0][3].shape[-1]
@@ -296,12 +315,34 @@ def _draw_words(work: list[tuple[Draft, Unit, list[int], torch.Tensor, str, list
     names_only = {gap: torch.zeros(size, dtype=torch.bool) for gap in ("", " ")}
     for gap, firsts in (name_firsts or {}).items():
         names_only[gap][[t for t in firsts if t < size]] = True
+    refused: list[list[int]] = [[] for _ in work]
+    todo = list(range(len(work)))
+    for attempt in range(REDRAWS):
+        words = _drawn_words([work[i] for i in todo], [refused[i] for i in todo], kinds, names_only, tokenizer,
+                             reference, device, pad, batch_size)
+        again = []
+        for i, (word, first) in zip(todo, words):
+            if word.lower() in forbidden and first is not None and attempt < REDRAWS - 1:
+                refused[i].append(first)
+                again.append(i)
+            elif word.isalpha():
+                d, unit = work[i][0], work[i][1]
+                d.words[unit.key] = word
+        todo = again
+        if not todo:
+            break
+
+
+def _drawn_words(work: list[tuple[Draft, Unit, list[int], torch.Tensor, str, list[int]]], refused: list[list[int]],
+                 kinds: TokenKinds, names_only: dict[str, torch.Tensor], tokenizer, reference: Callable, device,
+                 pad: int, batch_size: int) -> list[tuple[str, int | None]]:
+    """One draw per unit (see _draw_words): the word, and its first token (None: nothing could be drawn)."""
     chosen: list[list[int]] = []
-    for d, unit, _, logp, gap, own in work:
+    for (d, unit, _, logp, gap, taken), extra in zip(work, refused):
         capital = unit.text[:1].isupper()
         allowed = ((kinds.new_upper if capital else kinds.new_lower) if gap else
                    (kinds.bare_upper if capital else kinds.bare_lower)).clone()
-        allowed[tokenizer(gap + unit.text, add_special_tokens=False)["input_ids"][:1] + own] = False
+        allowed[tokenizer(gap + unit.text, add_special_tokens=False)["input_ids"][:1] + taken + extra] = False
         names = names_only[" " if gap else ""]
         if unit.name and bool((allowed & names).any()):
             allowed &= names
@@ -325,10 +366,7 @@ def _draw_words(work: list[tuple[Draft, Unit, list[int], torch.Tensor, str, list
                 chosen[i].append(best)
             else:
                 done[i] = True
-    for (d, unit, *_), tokens in zip(work, chosen):
-        word = tokenizer.decode(tokens).strip() if tokens else ""
-        if word.isalpha():
-            d.words[unit.key] = word
+    return [(tokenizer.decode(tokens).strip() if tokens else "", tokens[0] if tokens else None) for tokens in chosen]
 
 
 def _seed_of(tag: str) -> int:
