@@ -46,8 +46,8 @@ import torch
 import torch.nn.functional as F
 
 from worker.engine.chat import RENDERED
-from worker.engine.content import DRAWS, UNIT, WORD, Atom, Substitution, redraw, substitute, substitution, unprotected
-from worker.engine.counterfactual import body
+from worker.engine.content import DRAWS, UNIT, Atom, Substitution, redraw, substitute, substitution, unprotected
+from worker.engine.counterfactual import body, words
 from worker.engine.records import EncodedRecord, collate
 
 MAX_PIECES = 4  # tokens of a drawn word
@@ -287,8 +287,8 @@ def write_counterfactuals(sources: list[dict], candidates: list[list[Atom]], tok
 
 def said_words(sources: list[dict]) -> set[str]:
     """The lower-cased words the records say anywhere (prompt, answer, passage, paraphrase)."""
-    return {m.group(0).lower() for s in sources for key in ("prompt", "completion", "text", "paraphrased_prompt")
-            if isinstance(text := s.get(key), str) for m in WORD.finditer(text)}
+    return {w for s in sources for key in ("prompt", "completion", "text", "paraphrased_prompt")
+            if isinstance(text := s.get(key), str) for w in words(text)}
 
 
 def _first_tokens(tokenizer, texts: list[str]) -> list[int]:
@@ -318,10 +318,10 @@ def _draw_words(work: list[tuple[Draft, Unit, list[int], torch.Tensor, str, list
     refused: list[list[int]] = [[] for _ in work]
     todo = list(range(len(work)))
     for attempt in range(REDRAWS):
-        words = _drawn_words([work[i] for i in todo], [refused[i] for i in todo], kinds, names_only, tokenizer,
+        drawn = _drawn_words([work[i] for i in todo], [refused[i] for i in todo], kinds, names_only, tokenizer,
                              reference, device, pad, batch_size)
         again = []
-        for i, (word, first) in zip(todo, words):
+        for i, (word, first) in zip(todo, drawn):
             if word.lower() in forbidden and first is not None and attempt < REDRAWS - 1:
                 refused[i].append(first)
                 again.append(i)

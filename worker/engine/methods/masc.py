@@ -98,7 +98,7 @@ class Masc:
         with torch.no_grad():
             self.last_forget_measurement = self._measure(margins.detach(), rows, z.detach(), y, focus, n_forget)
         suppressed = focus != TEMPLATE
-        targets = self._active_targets(forget_rows)
+        targets = self._active_targets(forget_rows, z.device)
         hinge = M.buffered_hinge(self._destination_margins(margins, z, y, targets), self._thresholds(focus), p.eta)
         forget_loss = hinge[suppressed].mean() if suppressed.any() else hinge.sum() * 0
         total = self.forget_weight * forget_loss
@@ -116,12 +116,14 @@ class Masc:
         return total, parts
 
     @staticmethod
-    def _active_targets(batch: Batch) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """The sparse targets at the active positions ([N, K] ids and probabilities; all 0: none), read once per step
-        for the hinge and the KL; None when the batch has none."""
+    def _active_targets(batch: Batch, device: torch.device | None = None
+                        ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The sparse targets at the active positions ([N, K] ids and probabilities; all 0: none) on the logits'
+        device (a sharded model's last), read once per step for the hinge and the KL; None when the batch has none."""
         if batch.target_ids is None or batch.target_probs is None:
             return None
-        return M.active_values(batch.target_ids, batch.labels), M.active_values(batch.target_probs, batch.labels)
+        return (M.active_values(batch.target_ids, batch.labels).to(device),
+                M.active_values(batch.target_probs, batch.labels).to(device))
 
     def _destination_margins(self, margins: torch.Tensor, z: torch.Tensor, y: torch.Tensor,
                              targets: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
