@@ -3,7 +3,8 @@ nobody tuned it for, whether or not the request names the records' secrets? (iss
 
 Synthetic customer records (worker.engine.customers: phone, address, occupation, account; namesakes on purpose),
 base models of three architectures trained here until they reproduce every record (GPT-2's digit runs for gpt2 and
-gpt_neox, digits one by one for llama), each with a retrain reference trained on the kept customers only; the default
+gpt_neox, digits one by one for llama) and a pretrained one fine-tuned until it does (SmolLM2-135M-Instruct,
+bench.pretrained), each with a retrain reference trained (or fine-tuned) on the kept customers only; the default
 job with three seeds on the records as plain records (no `secrets`) and with their secrets named, the paper's
 whole-record suppression (the preset), and the two strongest baselines of `make bench`. Then mini-TOFU (forget
 authors 198-199, no secrets named), its retrain reference and the default job with three seeds.
@@ -12,8 +13,9 @@ Each row: the erasure, the extraction audit's channels (greedy, sampled, paraphr
 audit's own secrets: named, else the records' numbers and distinctive words), loops in the answers to the prompts and
 the paraphrased prompts, fluency and PrivLeak against the retrain reference, forget quality (mini-TOFU), and what is
 kept. Prints a table, writes bench/results/forgetting*.json and the block in BENCHMARKS.md. Nothing is asserted.
-`--customers-only` / `--tofu-only`: one block; `--seeds N`: the default job's seeds (3); `--no-baselines`: no
-baselines; `--default-only`: the default job only (no preset, no baselines)."""
+`--customers-only` / `--tofu-only`: one block; `--archs gpt2,smollm2`: the customers' bases (all four by default);
+`--seeds N`: the default job's seeds (3); `--no-baselines`: no baselines; `--default-only`: the default job only (no
+preset, no baselines)."""
 from __future__ import annotations
 
 import json
@@ -25,6 +27,7 @@ import torch
 
 from bench.forgetting_measure import PRIVLEAK_ATTACKS, SAMPLES, measure
 from bench.mini_tofu import CACHE, ROOT, fixture, loaded, tofu_records, update_benchmarks
+from bench.pretrained import smollm2_instruct
 from worker.engine.audit import EvaluationSet
 from worker.engine.customers import customer_records, shares_a_name
 from worker.engine.extraction import request_secrets
@@ -34,7 +37,11 @@ from worker.engine.methods import params_for
 from worker.engine.runtime import library_versions
 from worker.engine.unlearn import run_unlearning
 
-ARCHS = ["gpt2", "gpt_neox", "llama"]
+ARCHS = ["gpt2", "gpt_neox", "llama", "smollm2"]
+# Pretrained bases (bench.pretrained), fine-tuned on the trained customers' records until they reproduce them: a
+# learning rate for a model that already speaks, and an upper limit on epochs (training stops once all are memorised).
+PRETRAINED = {"smollm2": smollm2_instruct}
+PRETRAINED_TUNING = {"epochs": 20, "lr": 2e-4, "batch_size": 16}
 FORGET, RETAIN, HOLDOUT = range(0, 3), range(3, 24), range(24, 27)  # customers: 12, 84 and 12 records
 BASELINES = {"graddiff": {"epochs": 100, "lr": 1e-3}, "npo_kl": {"epochs": 100, "lr": 1e-3}}
 TOFU_HOLDOUT = range(160, 162)  # 40 QA of two authors no mini-TOFU model was trained on
@@ -48,8 +55,12 @@ def customer_fixture(arch: str, groups: list[list[dict]], log, reference: bool =
     if not (out / "lethe_fixture.json").exists():
         log(f"building {out.name}")
         trained = [r for i in (*(() if reference else FORGET), *RETAIN) for r in groups[i]]
-        cfg = FixtureConfig(seed=0, epochs=300, vocab_size=768, hidden_size=128, layers=4, heads=4, arch=arch)
-        build_fixture(trained, out, cfg, log=lambda _: None, tokenizer_records=[r for g in groups for r in g])
+        if arch in PRETRAINED:
+            build_fixture(trained, out, FixtureConfig(seed=0, base=str(PRETRAINED[arch](log)), **PRETRAINED_TUNING),
+                          log=log)
+        else:
+            cfg = FixtureConfig(seed=0, epochs=300, vocab_size=768, hidden_size=128, layers=4, heads=4, arch=arch)
+            build_fixture(trained, out, cfg, log=lambda _: None, tokenizer_records=[r for g in groups for r in g])
     return str(out)
 
 
@@ -88,7 +99,8 @@ def customers_block(log, seeds: int) -> list[dict]:
     neighbour_ids = {r["id"] for i in RETAIN if any(shares_a_name(groups[f], groups[i]) for f in FORGET)
                      for r in groups[i]}
     rows = []
-    for arch in ARCHS:
+    archs = sys.argv[sys.argv.index("--archs") + 1].split(",") if "--archs" in sys.argv else ARCHS
+    for arch in archs:
         source = customer_fixture(arch, groups, log)
         base, tokenizer = load_model(source, torch.device("cpu"))
         reference, _ = load_model(customer_fixture(arch, groups, log, reference=True), torch.device("cpu"))
@@ -165,6 +177,8 @@ def main() -> None:
     rows = (([] if only == "--tofu-only" else customers_block(log, seeds))
             + ([] if only == "--customers-only" else tofu_block(log, seeds)))
     name = {None: "forgetting", "--customers-only": "forgetting-customers", "--tofu-only": "forgetting-tofu"}[only]
+    if "--archs" in sys.argv and only != "--tofu-only":  # a block of its own: the others' tables stay
+        name += "-" + sys.argv[sys.argv.index("--archs") + 1].replace(",", "-")
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / f"{name}.json").write_text(json.dumps({"rows": rows, "versions": library_versions(),
                                                       "machine": platform.platform()}, indent=2, default=str))

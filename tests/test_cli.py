@@ -74,6 +74,12 @@ def test_a_gpt2_model_built_by_the_cli_is_unlearned_with_no_flags(forget_records
     assert set(result["lora"]["modules"]) == {"c_attn", "c_proj", "c_fc"}
     bad = run_cli("fixture", "--records", str(records), "--out", str(tmp_path / "fx2"), "--arch", "gpt-17")
     assert bad.returncode == 2 and "arch 'gpt-17'" in bad.stderr and not (tmp_path / "fx2").exists()
+    # --base fine-tunes a model (here the one just built, which needs no epoch more) and keeps its kind
+    tuned = run_cli("fixture", "--records", str(records), "--out", str(tmp_path / "fx3"),
+                    "--base", str(tmp_path / "fx"), "--epochs", "3", "--lr", "1e-5")
+    assert tuned.returncode == 0, tuned.stderr
+    assert json.loads(tuned.stdout)["epochs"] == 1 and json.loads(tuned.stdout)["memorised_fraction"] == 1.0
+    assert json.loads((tmp_path / "fx3" / "config.json").read_text())["model_type"] == "gpt2"
 
 
 @pytest.mark.parametrize("make_args,message", [

@@ -28,3 +28,21 @@ def test_fixtures_built_for_comparison_share_one_tokenizer(tmp_path, forget_reco
     vocab = {name: AutoTokenizer.from_pretrained(tmp_path / name).get_vocab()
              for name in ("full", "reference", "alone")}
     assert vocab["full"] == vocab["reference"] != vocab["alone"]
+
+
+def test_a_fixture_fine_tuned_from_a_base_keeps_its_tokenizer_and_weights(tmp_path, forget_records,
+                                                                          retain_records):
+    """`base` (a pretrained model in the benchmarks): its tokenizer and architecture are kept, not rebuilt from the
+    records, and training starts from its weights (a base that already memorised the records needs no epoch more)."""
+    from transformers import AutoConfig
+
+    tiny = FixtureConfig(epochs=300, vocab_size=400, hidden_size=64, layers=2, heads=4, arch="gpt2")
+    base = build_fixture(forget_records, tmp_path / "base", tiny, log=lambda _: None,
+                         tokenizer_records=forget_records + retain_records)
+    assert base["memorised_fraction"] == 1.0
+    tuned = build_fixture(forget_records, tmp_path / "tuned",
+                          FixtureConfig(epochs=3, lr=1e-5, base=str(tmp_path / "base")), log=lambda _: None)
+    assert tuned["epochs"] == 1 and tuned["memorised_fraction"] == 1.0
+    assert AutoConfig.from_pretrained(tmp_path / "tuned").model_type == "gpt2"  # not the default qwen2
+    vocab = [AutoTokenizer.from_pretrained(tmp_path / name).get_vocab() for name in ("base", "tuned")]
+    assert vocab[0] == vocab[1] != train_tokenizer(forget_records, 400).get_vocab()

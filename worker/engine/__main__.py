@@ -57,6 +57,10 @@ def build_parser() -> argparse.ArgumentParser:
                          help="any causal-LM model type of the installed transformers (gpt2, gpt_neox, llama, ...)")
     fixture.add_argument("--split", default="auto", choices=["auto", "digits", "gpt2"],
                          help="tokenizer pre-tokenisation: digits one by one, GPT-2's digit runs, or by arch")
+    fixture.add_argument("--base", default="",
+                         help="a from_pretrained directory to fine-tune on the records instead of a model built "
+                              "from scratch (its tokenizer kept; the size, arch and split options are ignored)")
+    fixture.add_argument("--lr", type=float, default=2e-3, help="peak AdamW learning rate (2e-4 suits a --base)")
 
     unlearn = commands.add_parser("unlearn", help="run MASC until its stop rule fires, or a baseline's budget")
     unlearn.add_argument("--model", required=True, help="a from_pretrained directory or hub id")
@@ -114,7 +118,7 @@ def cmd_fixture(args) -> int:
     staging = prepare_out(out)
     try:
         cfg = FixtureConfig(seed=args.seed, epochs=args.epochs, hidden_size=args.hidden_size, layers=args.layers,
-                            vocab_size=args.vocab_size, arch=args.arch, split=args.split)
+                            vocab_size=args.vocab_size, arch=args.arch, split=args.split, base=args.base, lr=args.lr)
         summary = build_fixture(records, staging, cfg, log=lambda line: print(line, file=sys.stderr))
         commit_out(staging, out)
     finally:

@@ -50,6 +50,9 @@ class FixtureConfig:
     device: str = "cpu"  # "cuda": trained on the GPU, under bfloat16 autocast (bench.bench_gpu)
     intermediate_size: int = 0  # 0: the architecture's default for the hidden size
     max_seconds: float = 0.0  # stop after the epoch that passes this (0: no limit); the summary says how far it got
+    # A from_pretrained folder to fine-tune instead of a model built from scratch: its own tokenizer and weights are
+    # kept, the size fields above are ignored (a pretrained base, issue 24).
+    base: str = ""
 
     def pre_tokenisation(self) -> str:
         if self.split != "auto":
@@ -101,10 +104,13 @@ def build_fixture(records: list[dict], out: str | Path, cfg: FixtureConfig | Non
     records = normalise_records(records, "fixture")
     seed_everything(cfg.seed)
     started = time.perf_counter()
-    tokenizer = train_tokenizer(normalise_records(tokenizer_records, "tokenizer") if tokenizer_records else records,
-                                cfg.vocab_size, cfg.pre_tokenisation())
     device = torch.device(cfg.device)
-    model = build_model(tokenizer, cfg).to(device)
+    if cfg.base:
+        model, tokenizer = load_model(cfg.base, device)
+    else:
+        tokenizer = train_tokenizer(normalise_records(tokenizer_records, "tokenizer") if tokenizer_records else records,
+                                    cfg.vocab_size, cfg.pre_tokenisation())
+        model = build_model(tokenizer, cfg).to(device)
     amp = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else contextlib.nullcontext()
     encoded = encode_records(records, tokenizer, max_length=cfg.context, seed=cfg.seed, what="fixture")
     optimiser = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
