@@ -48,6 +48,11 @@ TOFU_HOLDOUT = range(160, 162)  # 40 QA of two authors no mini-TOFU model was tr
 RESULTS = ROOT / "bench" / "results"
 
 
+def picked_archs() -> list[str]:
+    """The customers' bases named by `--archs a,b` (none: every one)."""
+    return sys.argv[sys.argv.index("--archs") + 1].split(",") if "--archs" in sys.argv else []
+
+
 def customer_fixture(arch: str, groups: list[list[dict]], log, reference: bool = False) -> str:
     """The customers model of an architecture (forget and retain customers), or its retrain reference (retain only),
     with one tokenizer trained on every customer's records."""
@@ -99,8 +104,7 @@ def customers_block(log, seeds: int) -> list[dict]:
     neighbour_ids = {r["id"] for i in RETAIN if any(shares_a_name(groups[f], groups[i]) for f in FORGET)
                      for r in groups[i]}
     rows = []
-    archs = sys.argv[sys.argv.index("--archs") + 1].split(",") if "--archs" in sys.argv else ARCHS
-    for arch in archs:
+    for arch in picked_archs() or ARCHS:
         source = customer_fixture(arch, groups, log)
         base, tokenizer = load_model(source, torch.device("cpu"))
         reference, _ = load_model(customer_fixture(arch, groups, log, reference=True), torch.device("cpu"))
@@ -177,8 +181,8 @@ def main() -> None:
     rows = (([] if only == "--tofu-only" else customers_block(log, seeds))
             + ([] if only == "--customers-only" else tofu_block(log, seeds)))
     name = {None: "forgetting", "--customers-only": "forgetting-customers", "--tofu-only": "forgetting-tofu"}[only]
-    if "--archs" in sys.argv and only != "--tofu-only":  # a block of its own: the others' tables stay
-        name += "-" + sys.argv[sys.argv.index("--archs") + 1].replace(",", "-")
+    if picked_archs() and only != "--tofu-only":  # a block of its own: the others' tables stay
+        name += "-" + "-".join(picked_archs())
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / f"{name}.json").write_text(json.dumps({"rows": rows, "versions": library_versions(),
                                                       "machine": platform.platform()}, indent=2, default=str))
