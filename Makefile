@@ -54,6 +54,7 @@ bench-sequential: $(STAMP)
 
 bench-engine: $(STAMP)
 	$(PY) -m bench.bench_engine
+	$(PY) -m bench.bench_engine --pretrained-size
 
 bench-audit: $(STAMP)
 	$(PY) -m bench.bench_audit

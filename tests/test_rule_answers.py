@@ -203,3 +203,46 @@ def test_a_loop_on_the_same_question_about_someone_else_is_natural(tokenizer):
     fluent = scripted(tokenizer, record, tokens(tokenizer, [" teal", " city", "."]))
     assert answering.natural_loops(looping, [record], ("prompt", "paraphrase")) == {(record.id, "prompt")}
     assert answering.natural_loops(fluent, [record], ("prompt", "paraphrase")) == set()
+
+
+def test_a_teacher_forced_pass_says_whether_greedy_decoding_gives_an_answer_back(fixture_model, people):
+    """greedy_agrees against generation itself: where it says yes, the model generates exactly that answer; it says
+    yes to the model's own answers and no to an answer with one token changed."""
+    from transformers import AutoModelForCausalLM
+
+    from worker.engine.evaluate import continuations, greedy_agrees
+
+    tokenizer = AutoTokenizer.from_pretrained(fixture_model)
+    model = AutoModelForCausalLM.from_pretrained(fixture_model).eval()
+    records = [encode_record(r, tokenizer, max_length=64, seed=0) for p in people for r in p]
+    prompts = [r.input_ids[:r.prompt_len] for r in records]
+    own = continuations(model, tokenizer, prompts, max_new_tokens=24)
+    assert all(greedy_agrees(model, tokenizer.pad_token_id, prompts, own))
+    changed = [a[:1] + [(a[1] + 1) % len(tokenizer)] + a[2:] if len(a) > 1 else [(a[0] + 1) % len(tokenizer)]
+               for a in own]
+    assert not any(greedy_agrees(model, tokenizer.pad_token_id, prompts, changed))
+    nudged = AutoModelForCausalLM.from_pretrained(fixture_model).eval()  # another model: some answers move
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for p in nudged.parameters():
+            p.add_(torch.randn_like(p) * 0.02)
+    theirs = continuations(nudged, tokenizer, prompts, max_new_tokens=24)
+    agrees = greedy_agrees(nudged, tokenizer.pad_token_id, prompts, own)
+    assert any(agrees) and not all(agrees)  # the nudge moved some answers and not others
+    assert all(t == o for t, o, ok in zip(theirs, own, agrees) if ok)
+    assert agrees == [t == o for t, o in zip(theirs, own)]
+
+
+def test_the_merged_copy_is_asked_again_only_where_its_answer_may_differ(tokenizer):
+    record = encode_record(RECORD, tokenizer, max_length=64, seed=0)
+    model = scripted(tokenizer, record, tokens(tokenizer, [" teal", " city", "."]))
+    same = rule_over(tokenizer, record, model, served=scripted(tokenizer, record, tokens(tokenizer, [" teal", " city",
+                                                                                                     "."])))
+    assert same.rule.check(0, same.latest.all, same.confirm) is True
+    assert same.served_checks[-1]["answers_verified"] == 1 and same.served_checks[-1]["answers_generated"] == 0
+    # Teacher forcing holds on the copy too, but its own answer says the secret: generated, read, and held against it.
+    leaking = scripted(tokenizer, record, tokens(tokenizer, [" teal", " Tallinn", "."]))
+    other = rule_over(tokenizer, record, model, served=leaking)
+    assert other.rule.check(0, other.latest.all, other.confirm) is False
+    assert other.served_checks[-1]["answers_generated"] == 1 and other.served_checks[-1]["answers_verified"] == 0
+    assert other.served_checks[-1]["failing_ids"] == [record.id] and other.latest[record.id].leaked

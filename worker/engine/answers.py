@@ -157,6 +157,10 @@ class Answering:
         # (spans any kept record also says are left out of all_spans: see __init__)
         return [s for s in self.all_spans if (not given_by(prompt, s) if s in own else not atom_words(s) <= allowed)]
 
+    def kinds_of(self, record: EncodedRecord, kinds: tuple[str, ...]) -> int:
+        """How many of these kinds of answer the record has a prompt for."""
+        return sum(prompt_text(record, kind, self.tokenizer) is not None for kind in kinds)
+
     def ask(self, model, records: list[EncodedRecord], kinds: tuple[str, ...], seed: int = 0) -> list[Answer]:
         """The model's answers of these kinds to these records' prompts (greedy, or one seeded sample)."""
         asked: list[tuple[EncodedRecord, str, str, list[int]]] = []

@@ -35,6 +35,40 @@ def continuations(model, tokenizer, prompts: list[list[int]], *, max_new_tokens:
     return out
 
 
+# Below this lead a token's place as the argmax is left to generation to decide: a teacher-forced pass and a cached
+# generation sum in different orders, and a near tie could go either way.
+AGREEMENT_GAP = 1e-3
+
+
+@torch.no_grad()
+def greedy_agrees(model, pad_id: int, prompts: list[list[int]], answers: list[list[int]], *,
+                  min_gap: float = AGREEMENT_GAP, batch_size: int = 16) -> list[bool]:
+    """Per (prompt, answer): whether `model`'s greedy decoding gives exactly this answer back, read from one
+    teacher-forced pass instead of a generation: at every answer position its token is the argmax given the prompt
+    and the answer so far, ahead of every other token by at least `min_gap` logits. Greedy decoding is a function
+    of those argmaxes, so where every one agrees it says the same tokens and stops where the answer stopped (at its
+    end of sequence, or at the same token budget); False says only "generate to know"."""
+    device = next(model.parameters()).device
+    out: list[bool] = []
+    for start in range(0, len(prompts), batch_size):
+        rows = [(p, a) for p, a in zip(prompts[start:start + batch_size], answers[start:start + batch_size])]
+        width = max(len(p) + len(a) for p, a in rows)
+        ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+        mask = torch.zeros((len(rows), width), dtype=torch.long)
+        for i, (p, a) in enumerate(rows):
+            ids[i, :len(p) + len(a)] = torch.tensor(p + a)
+            mask[i, :len(p) + len(a)] = 1
+        with autocast(device):
+            logits = model(input_ids=ids.to(device), attention_mask=mask.to(device), use_cache=False).logits
+        for i, (p, a) in enumerate(rows):
+            z = logits[i, len(p) - 1:len(p) + len(a) - 1].float()  # the prediction of each answer token
+            said = torch.tensor(a, device=z.device)
+            gold = z.gather(1, said[:, None])[:, 0]
+            others = z.scatter(1, said[:, None], float("-inf")).max(-1).values
+            out.append(bool(len(a)) and bool((gold - others >= min_gap).all()))
+    return out
+
+
 def _until_eos(tokens: list[int], eos: int) -> list[int]:
     """A row up to and including its first EOS (generate pads finished rows after it)."""
     return tokens[:tokens.index(eos) + 1] if eos in tokens else tokens

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 from worker.engine.answers import Answer, Answering
+from worker.engine.evaluate import greedy_agrees
 from worker.engine.records import TEMPLATE, EncodedRecord
 
 GREEDY = ("prompt", "paraphrase")  # the answers the rule reads
@@ -20,6 +21,8 @@ class Replays:
         self.answering, self.reference, self.device, self.seed = answering, reference, device, seed
         self.examples: dict[str, list[EncodedRecord]] = {}
         self.refreshes = 0
+        self.greedy: dict[tuple[str, str], Answer] = {}  # the latest greedy answer of each (record, kind)
+        self.verified, self.generated = 0, 0  # a merged copy's greedy answers: read by one pass, or generated
         # Where a loop is not held against the erasure (see start).
         self.base_loops: set[tuple[str, str]] = set()
 
@@ -32,14 +35,15 @@ class Replays:
         self.base_loops |= {(a.record_id, a.kind) for a in answers if a.looped and a.kind in GREEDY}
         return self._keep(answers, records)
 
-    def refresh(self, model: Any, records: list[EncodedRecord]) -> dict[str, tuple[bool, bool]]:
-        """Ask the model for its answers to these records' prompts (greedy to the prompt and the paraphrase, one
-        sample), keep them as training examples with fresh targets, and say per record whether a greedy answer
-        leaked or looped."""
-        return self._keep(self._ask(model, records), records)
+    def refresh(self, model: Any, records: list[EncodedRecord], kinds: tuple[str, ...] = REPLAYED
+                ) -> dict[str, tuple[bool, bool]]:
+        """Ask the model for its answers of these kinds to these records' prompts (by default greedy to the prompt
+        and the paraphrase, one sample), keep them as training examples with fresh targets (a kind not asked keeps
+        its last example), and say per record whether a greedy answer leaked or looped."""
+        return self._keep(self._ask(model, records, kinds), records)
 
-    def _ask(self, model: Any, records: list[EncodedRecord]) -> list[Answer]:
-        return self.answering.ask(model, records, REPLAYED, seed=self.seed * 7919 + self.refreshes)
+    def _ask(self, model: Any, records: list[EncodedRecord], kinds: tuple[str, ...] = REPLAYED) -> list[Answer]:
+        return self.answering.ask(model, records, kinds, seed=self.seed * 7919 + self.refreshes)
 
     def _keep(self, answers: list[Answer], records: list[EncodedRecord]) -> dict[str, tuple[bool, bool]]:
         examples = [self.answering.replay_example(a) for a in answers]
@@ -48,12 +52,32 @@ class Replays:
         fresh: dict[str, list[EncodedRecord]] = {}
         for answer, example in zip(answers, examples):
             fresh.setdefault(answer.record_id, []).append(example)
+            if answer.kind in GREEDY:
+                self.greedy[(answer.record_id, answer.kind)] = answer
+        for rid, group in fresh.items():
+            asked = {e.id for e in group}
+            group += [e for e in self.examples.get(rid, []) if e.id not in asked]  # kinds not asked this time
         self.examples.update(fresh)
         return verdicts(answers, records, self.base_loops)
 
     def judge(self, model: Any, records: list[EncodedRecord]) -> dict[str, tuple[bool, bool]]:
-        """Per record, whether the model's greedy answers leak or loop (nothing kept: a merged copy's check)."""
-        return verdicts(self.answering.ask(model, records, GREEDY), records, self.base_loops)
+        """Per record, whether the model's greedy answers leak or loop (nothing kept: a merged copy's check). Where
+        one teacher-forced pass shows the model would say the answer last asked of the policy again (greedy_agrees),
+        that answer is judged; the records with any other answer are asked in full."""
+        known = [(r, a) for r in records for kind in GREEDY if (a := self.greedy.get((r.id, kind))) is not None]
+        agrees = greedy_agrees(model, self.answering.tokenizer.pad_token_id, [a.prompt for _, a in known],
+                               [a.tokens for _, a in known]) if known else []
+        same: dict[str, list[Answer]] = {}
+        for (record, answer), ok in zip(known, agrees):
+            if ok:
+                same.setdefault(record.id, []).append(answer)
+        unsettled = [r for r in records if len(same.get(r.id, [])) != self.answering.kinds_of(r, GREEDY)]
+        redo = {r.id for r in unsettled}
+        answers = [a for r in records if r.id not in redo for a in same[r.id]]
+        answers += self.answering.ask(model, unsettled, GREEDY) if unsettled else []
+        self.verified += len(records) - len(unsettled)
+        self.generated += len(unsettled)
+        return verdicts(answers, records, self.base_loops)
 
     def riding(self, chosen: list[EncodedRecord], size: int, rng: random.Random) -> list[EncodedRecord]:
         """At most `size` answers to ride along with a forget batch: one of each chosen record's own (one that leaks

@@ -29,7 +29,7 @@ from worker.engine.params import MascParams
 from worker.engine.records import Batch, EncodedRecord, collate, encode_record
 from worker.engine.schedule import Escalation, ForgetStream
 from worker.engine.stop_rule import ErasureCondition, OnlineStopRule, RecordCheck, RecordStates, mean_violation
-from worker.engine.training.replay import Replays
+from worker.engine.training.replay import GREEDY, Replays
 from worker.engine.training.result import Measured, RuleEvidence
 from worker.engine.training.setup import Prepared
 
@@ -179,8 +179,9 @@ class OnlineRule:
         asked = [self.by_record[c.id] for c in checks if every or self.erasure.holds(c)]
         if not asked:
             return checks
+        # The policy's greedy answers only: a sample is judged by nobody, and the replay refreshes bring fresh ones.
         said = self.replays.judge(model, asked) if model is not None else \
-            self.replays.refresh(self.policy.model, asked)
+            self.replays.refresh(self.policy.model, asked, GREEDY)
         return [replace(c, leaked=said.get(c.id, (False, False))[0], looped=said.get(c.id, (False, False))[1])
                 for c in checks]
 
@@ -200,10 +201,15 @@ class OnlineRule:
         """The confirmation repeated on a merged copy in the saved dtype; the copy is kept if it passes (it is what
         run_unlearning saves), and its failing records stay open if not."""
         copy = self.policy.merged_copy(self.run.saved_dtype)
+        replays = self.replays
+        before = (replays.verified, replays.generated) if replays is not None else (0, 0)
         served = self.with_answers(self.measure(self.confirm_set, copy), copy)
         passed, _, failing = self.rule.passes(served)
+        # Records whose copy's greedy answers one teacher-forced pass showed to be the policy's, and records asked anew.
+        answered = {"answers_verified": replays.verified - before[0],
+                    "answers_generated": replays.generated - before[1]} if replays is not None else {}
         self.served_checks.append({"dtype": str(self.run.saved_dtype).removeprefix("torch."), "passed": passed,
-                                   "failing_ids": failing[:20]})
+                                   "failing_ids": failing[:20], **answered})
         self.served = copy if passed else None
         return served
 
