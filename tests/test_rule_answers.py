@@ -218,8 +218,7 @@ def test_a_teacher_forced_pass_says_whether_greedy_decoding_gives_an_answer_back
     prompts = [r.input_ids[:r.prompt_len] for r in records]
     own = continuations(model, tokenizer, prompts, max_new_tokens=24)
     assert all(greedy_agrees(model, tokenizer.pad_token_id, prompts, own))
-    changed = [a[:1] + [(a[1] + 1) % len(tokenizer)] + a[2:] if len(a) > 1 else [(a[0] + 1) % len(tokenizer)]
-               for a in own]
+    changed = [[(a[0] + 1) % len(tokenizer)] + a[1:] for a in own]
     assert not any(greedy_agrees(model, tokenizer.pad_token_id, prompts, changed))
     nudged = AutoModelForCausalLM.from_pretrained(fixture_model).eval()  # another model: some answers move
     torch.manual_seed(0)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from worker.engine.loading import autocast
+from worker.engine.margin import argmax_gap
 from worker.engine.records import EncodedRecord
 
 MAX_NEW_TOKENS = 128  # SPEC 5: long enough to see past a preamble, not cut at the target's length
@@ -51,7 +52,7 @@ def greedy_agrees(model, pad_id: int, prompts: list[list[int]], answers: list[li
     device = next(model.parameters()).device
     out: list[bool] = []
     for start in range(0, len(prompts), batch_size):
-        rows = [(p, a) for p, a in zip(prompts[start:start + batch_size], answers[start:start + batch_size])]
+        rows = list(zip(prompts[start:start + batch_size], answers[start:start + batch_size]))
         width = max(len(p) + len(a) for p, a in rows)
         ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
         mask = torch.zeros((len(rows), width), dtype=torch.long)
@@ -62,10 +63,7 @@ def greedy_agrees(model, pad_id: int, prompts: list[list[int]], answers: list[li
             logits = model(input_ids=ids.to(device), attention_mask=mask.to(device), use_cache=False).logits
         for i, (p, a) in enumerate(rows):
             z = logits[i, len(p) - 1:len(p) + len(a) - 1].float()  # the prediction of each answer token
-            said = torch.tensor(a, device=z.device)
-            gold = z.gather(1, said[:, None])[:, 0]
-            others = z.scatter(1, said[:, None], float("-inf")).max(-1).values
-            out.append(bool(len(a)) and bool((gold - others >= min_gap).all()))
+            out.append(bool(len(a)) and bool((argmax_gap(z, torch.tensor(a, device=z.device)) >= min_gap).all()))
     return out
 
 
