@@ -25,7 +25,7 @@ import time
 
 import torch
 
-from bench.forgetting_measure import PRIVLEAK_ATTACKS, SAMPLES, measure
+from bench.forgetting_measure import PRIVLEAK_ATTACKS, SAMPLES, judged, measure
 from bench.mini_tofu import CACHE, ROOT, fixture, loaded, tofu_records, update_benchmarks
 from bench.pretrained import smollm2_instruct
 from worker.engine.audit import EvaluationSet
@@ -36,6 +36,7 @@ from worker.engine.loading import context_length, load_model
 from worker.engine.methods import params_for
 from worker.engine.runtime import library_versions
 from worker.engine.unlearn import run_unlearning
+from worker.engine.verdict import CHANNELS
 
 ARCHS = ["gpt2", "gpt_neox", "llama", "smollm2"]
 # Pretrained bases (bench.pretrained), fine-tuned on the trained customers' records until they reproduce them: a
@@ -70,7 +71,7 @@ def customer_fixture(arch: str, groups: list[list[dict]], log, reference: bool =
 
 
 def run(source: str, forget, retain, sets, neighbour_ids, values: dict, method: str, preset: str | None,
-        reference, reference_figures) -> dict:
+        reference, reference_figures, base_figures=None) -> dict:
     started = time.perf_counter()
     outcome = run_unlearning(source, forget, retain, params=params_for(method, values, preset))
     seconds = time.perf_counter() - started
@@ -81,6 +82,14 @@ def run(source: str, forget, retain, sets, neighbour_ids, values: dict, method: 
            "records_meeting_condition": erasure.get("records_meeting_condition"), "content": r.get("secrets"),
            **measure(outcome.model, outcome.tokenizer, sets, neighbour_ids, reference, reference_figures)}
     del outcome
+    rule = {p["id"]: float(not p["meets_condition"]) for p in r.get("per_record") or []} \
+        if erasure.get("applied") else None
+    verdict = judged(row["channels"], reference_figures.get("channels"), (base_figures or {}).get("channels"),
+                     rule)
+    fired = r["stop_reason"] in ("alpha", "budget")
+    row["verdict"] = "Forgotten" if fired and not verdict["blocking"] else "Not established"
+    row["verdict_blocking"] = ([] if fired else ["stop rule"]) + verdict["blocking"]
+    row.update({f"verdict_{c}": rate for c, rate in verdict["rates"].items()})
     return row
 
 
@@ -117,8 +126,8 @@ def customers_block(log, seeds: int) -> list[dict]:
                 "holdout": EvaluationSet(holdout, tokenizer, max_length, 0, "holdout"),
                 "secrets": request_secrets(named, retain)}
         ref_row = measure(reference, tokenizer, sets, neighbour_ids, reference)
-        rows.append({"data": "customers", "arch": arch, "run": "base",
-                     **measure(base, tokenizer, sets, neighbour_ids, reference, ref_row)})
+        base_row = measure(base, tokenizer, sets, neighbour_ids, reference, ref_row)
+        rows.append({"data": "customers", "arch": arch, "run": "base", **base_row})
         rows.append({"data": "customers", "arch": arch, "run": "retrain reference", **ref_row})
         skip = {"--no-baselines", "--default-only"} & set(sys.argv)
         baselines = [] if skip else [(f"{m} {b}", m, b, None, "named") for m, b in BASELINES.items()]
@@ -127,7 +136,7 @@ def customers_block(log, seeds: int) -> list[dict]:
             log(f"customers {arch}: {name}")
             rows.append({"data": "customers", "arch": arch, "run": name,
                          **run(source, plain if which == "plain" else named, retain, sets, neighbour_ids, values,
-                               method, preset, reference, ref_row)})
+                               method, preset, reference, ref_row, base_row)})
         del base, reference
     return rows
 
@@ -139,14 +148,14 @@ def tofu_block(log, seeds: int) -> list[dict]:
     sets["holdout"] = EvaluationSet(tofu_records(TOFU_HOLDOUT), tokenizer, max_length, 0, "holdout")
     reference, _ = load_model(fixture("retain", log=log), torch.device("cpu"))
     ref_row = measure(reference, tokenizer, sets, set(), reference)
-    rows = [{"data": "mini-TOFU", "arch": "qwen2", "run": "base",
-             **measure(base, tokenizer, sets, set(), reference, ref_row)},
+    base_row = measure(base, tokenizer, sets, set(), reference, ref_row)
+    rows = [{"data": "mini-TOFU", "arch": "qwen2", "run": "base", **base_row},
             {"data": "mini-TOFU", "arch": "qwen2", "run": "retrain reference", **ref_row}]
     for name, method, values, preset, _ in [r for r in masc_runs(seeds) if r[4] == "plain"]:  # TOFU names none
         log(f"mini-TOFU: {name}")
         rows.append({"data": "mini-TOFU", "arch": "qwen2", "run": name,
                      **run(str(full), data["forget"], data["retain"], sets, set(), values, method, preset,
-                           reference, ref_row)})
+                           reference, ref_row, base_row)})
     return rows
 
 
@@ -156,7 +165,9 @@ COLUMNS = [("data", "data"), ("arch", "arch"), ("run", "run"), ("stop_reason", "
            ("secret_paraphrased", "paraphrased"), ("secret_quantised", "4-bit"), ("secret_relearned", "relearned"),
            ("forget_loops", "loops"), ("forget_ppl_under_reference", "answer ppl under reference"),
            *((f"privleak_{a}", f"PrivLeak {a}") for a in PRIVLEAK_ATTACKS), ("forget_quality", "forget quality"),
-           ("retain_exact_match", "retain EM"), ("neighbour_exact_match", "neighbour EM"), ("model_utility", "utility")]
+           ("retain_exact_match", "retain EM"), ("neighbour_exact_match", "neighbour EM"), ("model_utility", "utility"),
+           # The per-record verdict (issue 25): the share of records leaking on each channel it read, and the verdict.
+           *((f"verdict_{c}", f"verdict {c}") for c in CHANNELS), ("verdict", "verdict")]
 
 
 def table(rows: list[dict]) -> str:
@@ -168,6 +179,24 @@ def table(rows: list[dict]) -> str:
     lines = ["| " + " | ".join(title for _, title in COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     lines += ["| " + " | ".join(cell(row.get(key)) for key, _ in COLUMNS) + " |" for row in rows]
     return "\n".join(lines)
+
+
+def verdict_count(rows: list[dict]) -> str:
+    """How many runs of each kind the per-record verdict calls "Forgotten", and which channels blocked the others."""
+    kinds: dict[str, list[dict]] = {}
+    for row in rows:
+        if "verdict" in row:
+            kinds.setdefault(f"{row['data']} {row['arch']}, {row['run'].split(', seed')[0]}", []).append(row)
+    lines = []
+    for kind, runs in kinds.items():
+        blocked: dict[str, int] = {}
+        for r in runs:
+            for channel in r.get("verdict_blocking") or []:
+                blocked[channel] = blocked.get(channel, 0) + 1
+        why = ", ".join(f"{c} in {n}" for c, n in blocked.items())
+        lines.append(f"- {kind}: {sum(r['verdict'] == 'Forgotten' for r in runs)} of {len(runs)} runs Forgotten"
+                     + (f" (blocked by {why})" if why else ""))
+    return "Runs the per-record verdict calls \"Forgotten\":\n\n" + "\n".join(lines)
 
 
 def main() -> None:
@@ -194,8 +223,11 @@ def main() -> None:
                             f"Measured on {platform.machine()} ({torch.get_num_threads()} threads), CPU. "
                             f"Raw figures (and a few answers of each run): `bench/results/{name}.json`. Leak "
                             f"columns: share of forget records whose secret comes out (sampled: share of {SAMPLES} "
-                            "samples per record); loops: share of the answers to prompts and paraphrased prompts.\n\n"
-                            + text)
+                            "samples per record); loops: share of the answers to prompts and paraphrased prompts. "
+                            "Verdict columns (issue 25, worker.engine.verdict, as the service's report judges): the "
+                            "share of records leaking on each channel beyond its floor (the retrain reference's own "
+                            "figure on the record; for loops also the base's), and the verdict that follows.\n\n"
+                            + text + "\n\n" + verdict_count(rows))
 
 
 if __name__ == "__main__":

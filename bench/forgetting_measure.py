@@ -18,9 +18,33 @@ from worker.engine.metrics.stats import ks_p_value
 from worker.engine.metrics.text import generation_metrics
 from worker.engine.quantize import quantized_copy
 from worker.engine.relearn import relearning_probe
+from worker.engine.verdict import CHANNELS, decide, leak_rates, table
 
 SAMPLES = 10  # seeded samples per forget prompt
 PRIVLEAK_ATTACKS = ("loss", "zlib", "min_k_pp")
+
+
+def _union(*parts: dict | None) -> dict:
+    out: dict = {}
+    for part in parts:
+        for rid, value in (part or {}).items():
+            out[rid] = max(out.get(rid, 0.0), float(value))
+    return out
+
+
+def judged(channels: dict, reference_channels: dict | None, base_channels: dict | None, rule: dict | None) -> dict:
+    """The per-record verdict on a run (worker.engine.verdict, as the service's report judges it): the channels'
+    leak rates and "Forgotten" or not. Floors: the retrain reference's own figures, and the base's loops."""
+    ref = reference_channels or {}
+    figures = {c: {"per_record": channels.get(c), "floor": ref.get(c)} for c in CHANNELS if c != "rule"}
+    figures["sampled"]["samples"] = SAMPLES
+    figures["loops"]["floor"] = _union(ref.get("loops"), (base_channels or {}).get("loops"))
+    for c in ("quantized", "relearned"):  # greedy channels: a record the reference says too is within its floor
+        figures[c]["floor"] = ref.get("greedy")
+    figures["rule"] = {"per_record": rule}
+    ids = sorted(channels.get("greedy") or {})
+    decided = decide(table(figures, ids))
+    return {"rates": leak_rates(decided), "blocking": [c for c, x in decided.items() if x["blocks"]]}
 
 
 def text_of(tokenizer, encoded, model) -> dict[str, str]:
@@ -51,15 +75,17 @@ def measure(model, tokenizer, sets: dict, neighbour_ids: set[str], reference=Non
     forget_texts = answered["generated"]
     para_texts = text_of(tokenizer, forget.paraphrased, model) if forget.paraphrased else {}
     loops = degeneration({**forget_texts, **{f"{k}#p": v for k, v in para_texts.items()}})
+    greedy_leaked = greedy_leaks(forget_texts, secrets)
+    sampled = sampled_leaks(model, tokenizer, forget.main, secrets, samples=SAMPLES, seed=0)
+    para_leaked = greedy_leaks(para_texts, secrets) if para_texts else None
     out = {"forget_exact_match": answered["exact_match"]["value"],
            "retain_exact_match": sum(retain_em.values()) / len(retain_em),
            "neighbour_exact_match": sum(near) / len(near) if near else None,
            "other_exact_match": sum(far) / len(far) if far else None,
            "model_utility": retain_utility(model, tokenizer,
                                            sets.get("utility", sets["retain"]))["model_utility"]["value"],
-           "secret_greedy": greedy_leaks(forget_texts, secrets)["value"],
-           "secret_sampled": sampled_leaks(model, tokenizer, forget.main, secrets, samples=SAMPLES, seed=0)["value"],
-           "secret_paraphrased": greedy_leaks(para_texts, secrets)["value"] if para_texts else None,
+           "secret_greedy": greedy_leaked["value"], "secret_sampled": sampled["value"],
+           "secret_paraphrased": para_leaked["value"] if para_leaked else None,
            "forget_loops": loops["loop_share"]["value"],  # answers to the prompts and the paraphrased prompts
            "forget_distinct_2": loops["distinct_2"]["value"],
            "retain_loops": degeneration(text_of(tokenizer, sets["retain"].main, model))["loop_share"]["value"]}
@@ -81,9 +107,20 @@ def measure(model, tokenizer, sets: dict, neighbour_ids: set[str], reference=Non
             out["forget_quality"] = ks_p_value(list(out["forget_truth_ratios"].values()),
                                                list(reference_figures["forget_truth_ratios"].values()))
     quantized, _ = quantized_copy(model)
-    out["secret_quantised"] = greedy_leaks(text_of(tokenizer, forget.main, quantized), secrets)["value"]
+    q = generation_metrics(quantized, tokenizer, forget.main, forget.references)
+    quantized_leaked = greedy_leaks(q["generated"], secrets)
+    out["secret_quantised"] = quantized_leaked["value"]
     del quantized
     probe = relearning_probe(model, tokenizer, forget.main, forget.references, seed=0, secrets=secrets)
     out["secret_relearned"] = probe["points"][-1]["secret_leak"] if probe.get("points") else None
+    # Per record, what the verdict reads (worker.engine.verdict): ids and figures only.
+    loop_of = loops["loop_share"]["per_record"]
+    out["channels"] = {
+        "greedy": _union(answered["exact_match"]["per_record"], greedy_leaked.get("per_record")),
+        "paraphrase": (para_leaked or {}).get("per_record") or None,
+        "sampled": sampled.get("per_record") or None,
+        "quantized": _union(q["exact_match"]["per_record"], quantized_leaked.get("per_record")),
+        "relearned": probe.get("per_record") or None,
+        "loops": {r.id: max(loop_of.get(r.id, 0.0), loop_of.get(f"{r.id}#p", 0.0)) for r in forget.main}}
     out["examples"] = {rid: forget_texts[rid][:120] for rid in list(forget_texts)[:4]}  # to look at, not to score
     return out

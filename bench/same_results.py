@@ -29,7 +29,8 @@ def runs(forget: list[dict], named: list[dict]) -> list[tuple[str, str, dict, st
     return [
         ("masc_default", "masc", {"max_steps": 120}, None, forget),
         ("masc_fast", "masc", {"lr": 1e-3, "max_steps": 400}, None, forget),
-        ("masc_hoeffding", "masc", {"lr": 1e-3, "max_steps": 300, "hoeffding": True, "alpha": 0.5}, None, forget),
+        ("masc_hoeffding", "masc", {"lr": 1e-3, "max_steps": 300, "hoeffding": True, "alpha": 0.5,
+                                             "val_mode": "holdout"}, None, forget),
         ("masc_named_fast", "masc", {"lr": 1e-3, "max_steps": 300}, None, named),
         ("masc_holdout", "masc", {"val_mode": "holdout", "max_steps": 20, "lr": 1e-3}, None, forget),
         ("masc_whole_record", "masc", {"max_steps": 30}, "whole-record", forget),

@@ -229,7 +229,9 @@ def erase(model: Annotated[str, typer.Option(help="the model's id or name")],
                               "files, sha256 verified")
                 evidence = client.report(job.id)
                 verdict = evidence["verdict"]
-                summary["verdict"] = verdict
+                # The per-record table stays in the report (--report): a summary line per channel here.
+                summary["verdict"] = {k: verdict[k] for k in ("forgotten", "summary", "reasons", "evidence", "channels")
+                                      if k in verdict}
                 if report:
                     write_report(client, job.id, report, evidence)
                     summary["report"] = str(report)

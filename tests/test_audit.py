@@ -58,7 +58,50 @@ def test_quantization_and_relearning_sections(audited):
     assert q["scheme"].startswith("int4") and set(q["change"]) >= {"exact_match", "rouge_l_recall"}
     points = audited["relearning"]["points"]
     assert [p["steps"] for p in points] == [0, 5, 10, 20]
-    assert audited["relearning"]["relearn_records"] + audited["relearning"]["measured_records"] == 10
+    # Two folds, the halves swapped: every record measured after relearning on the others.
+    assert audited["relearning"]["relearn_records"] == 5 and audited["relearning"]["measured_records"] == 10
+    assert set(audited["relearning"]["per_record"]) == set(audited["after"]["forget_verbatim"]["exact_match"][
+        "per_record"]) and audited["relearning"]["dtype"] == "float32"
+
+
+def suppressed_in_bfloat16(fixture_model, forget_records):
+    """The fixture model with its forget records merely suppressed (gradient ascent until no record is reproduced),
+    saved as a bfloat16 checkpoint would be."""
+    from worker.engine.margin import active_positions, token_nll
+    from worker.engine.metrics.text import generation_metrics
+    from worker.engine.records import collate, encode_records, normalise_records
+
+    model, tokenizer = load_model(fixture_model, torch.device("cpu"))
+    records = encode_records(normalise_records(forget_records, "forget"), tokenizer, max_length=128, seed=0,
+                             what="forget")
+    references = {r.id: tokenizer.decode(r.input_ids[r.prompt_len:], skip_special_tokens=True) for r in records}
+    optimiser = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    batch = collate(records, tokenizer.pad_token_id)
+    for _ in range(100):
+        z, y, _ = active_positions(model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits,
+                                   batch.labels)
+        optimiser.zero_grad()
+        (-token_nll(z, y)).backward()
+        optimiser.step()
+        if generation_metrics(model, tokenizer, records, references)["exact_match"]["value"] == 0:
+            break
+    model = model.to(torch.bfloat16)
+    assert generation_metrics(model, tokenizer, records, references)["exact_match"]["value"] == 0
+    return model, tokenizer, records, references
+
+
+def test_the_relearning_probe_trains_a_bfloat16_checkpoint_and_brings_back_what_was_only_suppressed(
+        fixture_model, forget_records):
+    from worker.engine.relearn import relearning_probe
+
+    model, tokenizer, records, references = suppressed_in_bfloat16(fixture_model, forget_records)
+    probe = relearning_probe(model, tokenizer, records, references, lr=1e-4)
+    assert probe["points"][-1]["exact_match"] > 0 and sum(probe["per_record"].values()) >= 1  # records came back
+    # At the default lr 1e-5 the bfloat16 weights themselves would not move (every update rounds away, and the
+    # probe's measurements stay exactly those of step 0); the float32 copy learns.
+    default = relearning_probe(model, tokenizer, records, references)
+    assert default["points"][-1]["rouge_l_recall"] > default["points"][0]["rouge_l_recall"]
+    assert next(model.parameters()).dtype == torch.bfloat16  # the checkpoint itself is untouched
 
 
 def test_forget_quality_against_a_reference(fixture_model, forget_records, retain_records):
@@ -70,6 +113,10 @@ def test_forget_quality_against_a_reference(fixture_model, forget_records, retai
     assert report["forget_quality"]["value"] == pytest.approx(1.0)
     assert report["privleak"]["loss"]["value"] is None
     assert "quantization" not in report and "relearning" not in report  # switched off
+    # The reference's own per-record figures, the verdict's floors: the model against itself leaks what it leaks.
+    figures = report["reference_figures"]
+    assert figures["exact_match"] == report["after"]["forget_verbatim"]["exact_match"]["per_record"]
+    assert figures["sampled"] == report["after"]["forget_secrets"]["sampled"]["per_record"]
     generated = report["after"]["forget_verbatim"]["generated"]  # examples were asked for
     assert generated[forget_records[0]["id"]].strip() == forget_records[0]["completion"]
 

@@ -168,7 +168,11 @@ def test_presets_carry_the_published_defaults_and_explicit_values_win():
     with pytest.raises(EngineInputError, match="lambda_keep"):  # no term that silently does nothing
         MascParams.from_dict({"lambda_keep": 1.0, "retain_loss": "nll"})
     assert MascParams.from_dict({"seed": 2 ** 31 - 1}).seed == 2 ** 31 - 1  # a common seed stays allowed
-    cli_style = MascParams.from_dict({"k": "3", "hoeffding": "true", "lora_targets": "q_proj,v_proj", "alpha": "0.3"})
+    # Hoeffding's bound only over held-out records: in train mode D_val is the trained records (issue 25).
+    with pytest.raises(EngineInputError, match="hoeffding.*val_mode"):
+        MascParams.from_dict({"hoeffding": True})
+    cli_style = MascParams.from_dict({"k": "3", "hoeffding": "true", "lora_targets": "q_proj,v_proj", "alpha": "0.3",
+                                      "val_mode": "holdout"})
     assert (cli_style.k, cli_style.hoeffding, cli_style.lora_targets, cli_style.alpha) == \
         (3, True, ["q_proj", "v_proj"], 0.3)
     assert MascParams.from_dict({"alpha": "auto", "lora_targets": "auto"}).alpha == "auto"

@@ -8,10 +8,20 @@ def engine(stop_reason="alpha", v=0.1, beta=1.0):
             "bound": {"aggregate": {"max_bound": 0.01, "guaranteed": beta == 1.0}}}
 
 
-def audit(before=1.0, after=0.0, quantized=0.0, quality=None):
-    return {"before": {"forget_verbatim": {"exact_match": {"value": before}}},
-            "after": {"forget_verbatim": {"exact_match": {"value": after}}},
-            "quantization": {"forget_verbatim": {"exact_match": {"value": quantized}}},
+IDS = ("r0", "r1", "r2")
+
+
+def audit(before=1.0, after=0.0, quantized=0.0, quality=None, ids=IDS):
+    """An audit whose per-record figures are all clean but for `after` / `quantized` records reproduced verbatim
+    (the first ones, as a share of the records)."""
+    def em(share):
+        bad = round(share * len(ids))
+        return {"value": share, "per_record": {rid: float(i < bad) for i, rid in enumerate(ids)}}
+    loops = {"loop_share": {"value": 0.0, "per_record": {rid: 0.0 for rid in ids}}}
+    return {"before": {"forget_verbatim": {"exact_match": em(before)}, "degeneration": {"forget": loops}},
+            "after": {"forget_verbatim": {"exact_match": em(after)}, "degeneration": {"forget": loops}},
+            "quantization": {"forget_verbatim": {"exact_match": em(quantized)}},
+            "relearning": {"value": 0.0, "per_record": {rid: 0.0 for rid in ids}, "points": []},
             "forget_quality": {"value": quality}}
 
 
@@ -24,10 +34,10 @@ def test_forgotten_needs_the_stop_rule_and_no_verbatim_reproduction():
 def test_each_failure_is_a_reason():
     assert verdict(engine(stop_reason="max_steps"), audit())["reasons"] == [
         "the stop rule did not fire (stop reason max_steps)"]
-    v = verdict(engine(), audit(after=0.3))
-    assert not v["forgotten"] and "100% -> 30%" in v["summary"]
-    v = verdict(engine(), audit(quantized=0.5))
-    assert not v["forgotten"] and "after 4-bit quantisation 50%" in v["reasons"]
+    v = verdict(engine(), audit(after=1 / 3))
+    assert not v["forgotten"] and v["reasons"] == ["greedy answer to the prompt: 1 of 3 records leak (ids: r0)"]
+    v = verdict(engine(), audit(quantized=2 / 3))
+    assert not v["forgotten"] and v["reasons"] == ["greedy answer of the 4-bit copy: 2 of 3 records leak (ids: r0, r1)"]
     v = verdict(engine(), {"error": "RuntimeError: out of memory"})
     assert not v["forgotten"] and v["summary"].startswith("Not established:")
     assert "not guaranteed" in " ".join(verdict(engine(beta=5.0), audit())["evidence"])
@@ -38,16 +48,19 @@ def masc_engine(failing=()):
     per_record = [{"id": f"r{i}", "violation": 0.1, "ceiling": 0.4, "reproduced": f"r{i}" in failing,
                    "meets_condition": f"r{i}" not in failing} for i in range(3)]
     return {**engine(v=0.1), "alpha": {"value": 0.35, "source": "auto"}, "per_record": per_record,
-            "erasure": {"applied": True, "failing_ids": list(failing), "ceilings": {"source": "auto"}}}
+            "erasure": {"applied": True, "failing_ids": list(failing), "ceilings": {"source": "auto"},
+                        "served_checks": [{"dtype": "float32", "passed": not failing}]}}
 
 
 def test_the_per_record_condition_is_evidence_or_a_reason_naming_the_records():
     v = verdict(masc_engine(), audit())
     assert v["forgotten"]
-    assert "every record (3) is below its ceiling and not reproduced by greedy decoding" in v["evidence"]
+    assert "3 of 3 records meet the per-record condition, none reproduced by greedy decoding: 3 below their " \
+        "ceiling; checked again on the saved checkpoint (float32)" in v["evidence"]
     assert "alpha = 0.350 (calibrated on theta_0)" in v["evidence"][0]
     v = verdict(masc_engine(failing=("r1",)), audit())
-    assert not v["forgotten"] and v["reasons"] == ["1 of 3 records do not meet the per-record condition (ids: r1)"]
+    assert not v["forgotten"] and v["reasons"] == [
+        "stop rule's per-record condition, on the saved checkpoint: 1 of 3 records fail (ids: r1)"]
 
 
 def test_long_documents_are_judged_by_their_windows():
@@ -72,46 +85,6 @@ def test_the_page_escapes_what_it_quotes():
     page = render_report(report)
     assert "<script>alert(1)</script>" not in page and "&lt;script&gt;" in page
     assert "<b>dsar</b>" not in page and "&lt;b&gt;dsar&lt;/b&gt;" in page
-
-
-def with_secrets(greedy=0.0, sampled=0.0, quantized=0.0, options=None, leaking=("r2",)):
-    """An audit with the extraction audit: shares leaking under greedy decoding, sampling and quantisation."""
-    a = audit()
-    figure = lambda value: {"value": value, "leaking_ids": list(leaking) if value else []}  # noqa: E731
-    a["after"]["forget_secrets"] = {"greedy": figure(greedy), "sampled": figure(sampled)}
-    a["before"]["forget_secrets"] = {"greedy": {"value": 1.0}, "sampled": {"value": 0.9}}
-    a["quantization"]["forget_secrets"] = figure(quantized)
-    a["options"] = options or {"secret_greedy_max": 0.0, "secret_sampled_max": 0.01}
-    return a
-
-
-def test_a_secret_said_greedily_or_sampled_too_often_is_not_forgotten_and_names_the_record():
-    v = verdict(engine(), with_secrets())
-    assert v["forgotten"]
-    assert "secrets extracted under greedy decoding: 100% -> 0.0% of the records (at most 0% allowed)" in v["evidence"]
-    v = verdict(engine(), with_secrets(greedy=1 / 12))
-    assert not v["forgotten"] and v["summary"].startswith("Not established:")
-    assert v["reasons"] == ["secrets extracted under greedy decoding: 100% -> 8.3% of the records (at most 0% "
-                            "allowed); leaking records: r2"]
-    v = verdict(engine(), with_secrets(sampled=0.02))
-    assert not v["forgotten"] and "sampling: 90% -> 2.0% of the samples (at most 1% allowed)" in v["reasons"][0]
-    assert verdict(engine(), with_secrets(sampled=0.01))["forgotten"]  # at the threshold: allowed
-    v = verdict(engine(), with_secrets(quantized=0.5))
-    assert not v["forgotten"] and "4-bit quantised" in v["reasons"][0]
-
-
-def test_secret_thresholds_come_from_the_request():
-    loose = {"secret_greedy_max": 0.1, "secret_sampled_max": 0.05}
-    assert verdict(engine(), with_secrets(greedy=1 / 12, sampled=0.04, options=loose))["forgotten"]
-    assert not verdict(engine(), with_secrets(greedy=2 / 12, options=loose))["forgotten"]
-
-
-def test_no_secret_to_extract_is_said_not_hidden():
-    a = audit()
-    a["after"]["forget_secrets"] = {"greedy": {"value": None, "reason": "no forget record has a secret"},
-                                    "sampled": {"value": None, "reason": "no forget record has a secret"}}
-    v = verdict(engine(), a)
-    assert v["forgotten"] and "no secret to extract (no forget record has a secret)" in v["evidence"]
 
 
 def test_with_located_secrets_the_evidence_names_the_mean_the_rule_judged():

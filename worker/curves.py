@@ -5,14 +5,16 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from service.domain import audit_log, connectivity
 from service.domain.jobs import end_job, still_ours
-from service.domain.lineage import add_version, get_model, get_version
+from service.domain.lineage import NOT_FORGOTTEN, add_version, get_model, get_version
 from service.infra.artifacts import ArtifactStore
 from service.infra.tables import Job
-from service.reports.evidence import build_connectivity_report
+from service.reports.evidence import build_connectivity_report, verdict
 from service.settings import Settings
 from worker.work import LeaseKeeper, Work, while_ours
 
@@ -26,9 +28,10 @@ def fetch(store: ArtifactStore, location: str, tmp: Path, name: str) -> str:
 
 
 def measure_curves(work: Work, new_dir: str, store: ArtifactStore, tmp: Path, keeper: LeaseKeeper,
-                   device: str) -> list[dict]:
+                   device: str, audit_of: Callable[[Any, Any], dict] | None = None) -> list[dict]:
     """One curve per version the job named (the first also gets the ensemble when asked), from that version to
-    the new one. A failure is recorded per curve and does not undo the unlearning."""
+    the new one. A failure is recorded per curve and does not undo the unlearning. `audit_of(model, tokenizer)`: the
+    job's own audit, run on the ensemble too (issue 25: it earns the request's erasure by its own verdict)."""
     from worker.engine.connectivity.run import run_connectivity
 
     assert work.spec.connectivity is not None
@@ -46,12 +49,23 @@ def measure_curves(work: Work, new_dir: str, store: ArtifactStore, tmp: Path, ke
             log.exception("connectivity against v%s failed", number)
             curves.append({"a": number, "error": f"{type(exc).__name__}: {exc}"[:2000]})
             continue
-        curve = {"a": number, "result": outcome.result}
+        curve: dict[str, Any] = {"a": number, "result": outcome.result}
         if outcome.ensemble is not None:
-            curve["ensemble"] = save_ensemble(outcome, store, tmp, work.folder("ensemble"))
+            stored = save_ensemble(outcome, store, tmp, work.folder("ensemble"))
+            if audit_of is not None:
+                stored["verdict"] = ensemble_verdict(audit_of(outcome.ensemble, outcome.tokenizer))
+            curve["ensemble"] = stored
         curves.append(curve)
         del outcome
     return curves
+
+
+def ensemble_verdict(audit: dict) -> dict:
+    """The ensemble's own verdict on the request's records, from its own audit: no stop rule ran on it, so the audit's
+    channels decide. Kept with the curve (summary, channels' leaking ids; no text)."""
+    judged = verdict({"stop_reason": "ensemble", "steps": 0, "params": {}}, audit)
+    return {"forgotten": judged["forgotten"], "summary": judged["summary"],
+            "leaking": {c: x["leaking_ids"] for c, x in (judged.get("channels") or {}).items() if x["leaking_ids"]}}
 
 
 def _progress(keeper: LeaseKeeper):
@@ -84,13 +98,20 @@ def record_curves(session, job: Job, curves: list[dict], b: int, parent_of_ensem
             continue
         ensemble = None
         if "ensemble" in curve:
-            # The ensemble mixes both ends' weights: it holds only the erasures both ends hold.
+            # The ensemble mixes both ends' weights: of the earlier erasures (whose records are gone) it holds those
+            # both ends hold; this job's request only where its own audit says "Forgotten". Otherwise it is stored,
+            # tagged, and never the head (it lacks the request the new version holds).
             a_erased = set(get_version(session, model, curve["a"]).erased_request_ids)
+            judged = curve["ensemble"].get("verdict")
+            earned = bool(judged and judged["forgotten"])
+            erased = [r for r in parent_of_ensemble.erased_request_ids
+                      if r in a_erased or (earned and r == job.request_id)]
+            tags = [ENSEMBLE_TAG] + ([NOT_FORGOTTEN] if judged is not None and not earned else [])
             version = add_version(session, model, location=curve["ensemble"]["location"],
                                   manifest=curve["ensemble"]["manifest"], parent=parent_of_ensemble, job_id=None,
-                                  request_id=None, tags=[ENSEMBLE_TAG],
-                                  erased=[r for r in parent_of_ensemble.erased_request_ids if r in a_erased])
-            ensemble = {"version": version.number, **curve["result"]["ensemble"]}
+                                  request_id=None, tags=tags, erased=erased)
+            ensemble = {"version": version.number, **curve["result"]["ensemble"],
+                        **({"verdict": judged} if judged is not None else {})}
         row = connectivity.store_curve(session, job, curve["a"], b, curve["result"], ensemble)
         audit_log.append(session, job.tenant, "connectivity.measured", row.id,
                          {"job_id": job.id, "a": row.version_a, "b": row.version_b, "curve": row.curve,

@@ -56,7 +56,7 @@ def run(job_id: str) -> str:
 
 
 def _execute(work: Work, keeper: LeaseKeeper, settings: Settings) -> str:
-    from worker.engine.loading import save_model
+    from worker.engine.loading import load_tokenizer, load_weights, resolve_device, save_model
     from worker.engine.memory_check import DoesNotFit
 
     store = artifact_store(settings)
@@ -80,10 +80,19 @@ def _execute(work: Work, keeper: LeaseKeeper, settings: Settings) -> str:
                 save_model(model, tokenizer, Path(tmp) / "out")
                 (Path(tmp) / "out" / "README.md").write_text(model_card(work.card, result))
                 manifest = store.put_local_directory(Path(tmp) / "out", location)
+                # The audit reads the checkpoint as it is served: loaded back from the files just stored, not the
+                # weights in memory (issue 25; the rule's own check ran on the merged copy in this dtype).
+                dtype, placement = next(model.parameters()).dtype, getattr(model, "hf_device_map", None)
+                del model
+                model = load_weights(Path(tmp) / "out", resolve_device(settings.device), dtype, placement)
+                tokenizer = load_tokenizer(Path(tmp) / "out")
                 audit = _audit(work, model, tokenizer, str(source), store, Path(tmp))
+                audit["checked_on"] = {"weights": "the stored checkpoint, loaded back",
+                                       "dtype": str(dtype).removeprefix("torch.")}
                 if work.curves_from:
                     model = None  # the curves load both ends themselves
-                    curves = measure_curves(work, str(Path(tmp) / "out"), store, Path(tmp), keeper, settings.device)
+                    curves = measure_curves(work, str(Path(tmp) / "out"), store, Path(tmp), keeper, settings.device,
+                                            lambda m, t: _audit(work, m, t, str(source), store, Path(tmp)))
             finished = _finish(work, keeper, result, location, manifest, audit, curves)
             if finished == "lease lost" and manifest is not None:
                 store.delete(work.folder(""))  # nothing points at it

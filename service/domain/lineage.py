@@ -9,6 +9,8 @@ from service.domain.errors import not_found
 from service.infra.artifacts import manifest_sha256
 from service.infra.tables import Model, ModelVersion
 
+NOT_FORGOTTEN = "not-forgotten"  # a version whose own audit did not find an erasure it was made for: never the head
+
 
 def get_model(session: Session, tenant: str, model_id: str) -> Model:
     model = session.get(Model, model_id)
@@ -44,7 +46,8 @@ def head_version(session: Session, model: Model) -> ModelVersion | None:
     versions = session.scalars(select(ModelVersion).where(ModelVersion.model_id == model.id)
                                .order_by(ModelVersion.number.desc())).all()
     done = {rid for v in versions for rid in v.erased_request_ids or []}  # as erasures_done, from this one read
-    return next((v for v in versions if v.state == "READY" and done <= set(v.erased_request_ids or [])), None)
+    return next((v for v in versions if v.state == "READY" and done <= set(v.erased_request_ids or [])
+                 and NOT_FORGOTTEN not in (v.tags or [])), None)
 
 
 def missing_erasures(session: Session, version: ModelVersion) -> list[str]:

@@ -5,12 +5,12 @@ from __future__ import annotations
 from service.domain.jobs import canonical_sha256
 from service.infra.tables import Job, ModelVersion
 from worker.engine.metrics import metric_value
-
-EXACT_MATCH_LIMIT = 0.1  # the share of forget records a "forgotten" model may still reproduce verbatim
+from worker.engine.verdict import RULE, judge, verdict_lines
 
 
 def verdict(engine: dict, audit: dict) -> dict:
-    """Forgotten when the stop rule fired and verbatim reproduction is gone, also after 4-bit quantisation."""
+    """The verdict, derived by worker.engine.verdict's one rule from the per-record table: "Forgotten" only when the
+    stop rule fired (or a baseline ran its budget), the audit ran, and no record leaks on any channel measured."""
     reasons, evidence = [], []
     alpha = target_alpha(engine)
     erasure = engine.get("erasure") or {}
@@ -27,84 +27,68 @@ def verdict(engine: dict, audit: dict) -> dict:
             evidence.append(f"stop rule fired: V = {erasure['judged_violation_rate']:.3f} over the "
                             f"{erasure['judged_records']} records suppressed whole <= alpha = {alpha:.3f}{calibrated}; "
                             "the others' located content meets its conditions")
-    elif engine["stop_reason"] == "budget":  # a baseline: no stop rule, the verbatim evidence decides
+    elif engine["stop_reason"] == "ensemble":  # an MCU ensemble: weights averaged, no rule ran on them
+        evidence.append("an MCU ensemble: no stop rule ran on it; its own audit decides")
+    elif engine["stop_reason"] == "budget":  # a baseline: no stop rule, the audit decides
         evidence.append(f"{engine.get('method', 'baseline')} ran its fixed budget of {engine['steps']} steps")
     else:
         reasons.append(f"the stop rule did not fire (stop reason {engine['stop_reason']})")
     if erasure.get("applied"):
-        total = len(engine.get("per_record") or [])
-        if erasure.get("failing_ids"):
-            reasons.append(f"{len(erasure['failing_ids'])} of {total} records do not meet the per-record condition "
-                           f"(ids: {', '.join(erasure['failing_ids'][:10])})")
-        elif "judged_violation_rate" in erasure:  # some records judged by their located content
-            evidence.append(f"every record ({total}) meets the per-record condition: not reproduced by greedy "
-                            "decoding; where its content is located, no content span said (sampled or greedily) and "
-                            "its own answers neither give content back nor loop; elsewhere below its ceiling")
-        else:
-            evidence.append(f"every record ({total}) is below its ceiling and not reproduced by greedy decoding")
-        if documents := engine.get("documents"):  # a long document counts as erased when every window is
-            windows = sum(len(d["windows"]) for d in documents)
-            evidence.append(f"{len(documents)} long documents were split into {windows} windows, each judged as a "
-                            "record")
+        condition_line(engine, evidence)
+    judged = None
     if "error" in audit:
         reasons.append(f"the audit failed: {audit['error']}")
     else:
+        judged = judge(engine, audit)
+        lines, blocking = verdict_lines(judged["channels"])
+        evidence += lines
+        reasons += blocking
         before = metric_value(audit, "before", "forget_verbatim", "exact_match")
         after = metric_value(audit, "after", "forget_verbatim", "exact_match")
-        line = f"verbatim exact match on the forget set {before:.0%} -> {after:.0%}"
-        (evidence if after <= EXACT_MATCH_LIMIT else reasons).append(line)
-        quantized = metric_value(audit, "quantization", "forget_verbatim", "exact_match")
-        if quantized is not None:
-            line = f"after 4-bit quantisation {quantized:.0%}"
-            (evidence if quantized <= EXACT_MATCH_LIMIT else reasons).append(line)
-        secret_lines(audit, evidence, reasons)
+        if before is not None and after is not None:
+            evidence.append(f"verbatim exact match on the forget set {before:.0%} -> {after:.0%}")
         quality = audit.get("forget_quality", {})
         if quality.get("value") is not None:
             evidence.append(f"forget quality (KS p-value against the retrain reference) {quality['value']:.3g}")
     bound = engine.get("bound", {}).get("aggregate", {})
     if bound.get("max_bound") is not None:
-        evidence.append(f"Proposition-1 bound on verbatim reproduction of any one record <= {bound['max_bound']:.3g}"
-                        + ("" if bound.get("guaranteed") else " (not guaranteed: beta != 1)"))
+        # A bound on teacher-forced probabilities of the saved weights, not on what an extraction attack finds.
+        evidence.append("Proposition-1 bound on the saved checkpoint's teacher-forced probability of any one record "
+                        f"<= {bound['max_bound']:.3g}" + ("" if bound.get("guaranteed") else " (not guaranteed: "
+                                                          "beta != 1)") + "; it does not bound sampling or extraction")
     forgotten = not reasons
-    return {"forgotten": forgotten,
-            "summary": (("Forgotten: " if forgotten else "Not established: ")
-                        + "; ".join(evidence if forgotten else reasons)),
-            "evidence": evidence, "reasons": reasons}
+    out = {"forgotten": forgotten,
+           "summary": (("Forgotten: " if forgotten else "Not established: ")
+                       + "; ".join(evidence if forgotten else reasons)),
+           "evidence": evidence, "reasons": reasons, "rule": RULE}
+    if judged is not None:
+        out.update(records=judged["rows"], channels=judged["channels"], floors=judged["floors"],
+                   thresholds=judged["options"])
+    return out
 
 
-def secret_lines(audit: dict, evidence: list[str], reasons: list[str]) -> None:
-    """The extraction audit's part of the verdict: no secret said greedily (by the model or its 4-bit copy)
-    by more than secret_greedy_max of the records, none in more than secret_sampled_max of the samples.
-    Leaking records are named by id only."""
-    secrets = (audit.get("after") or {}).get("forget_secrets")
-    if secrets is None:  # an audit from before the extraction audit existed
-        return
-    options = audit.get("options") or {}
-    greedy_max = options.get("secret_greedy_max", 0.0)
-    sampled_max = options.get("secret_sampled_max", 0.01)
-    greedy, sampled = secrets.get("greedy", {}), secrets.get("sampled", {})
-    if greedy.get("value") is None:
-        evidence.append(f"no secret to extract ({greedy.get('reason', 'none given or found')})")
-        return
-    before = metric_value(audit, "before", "forget_secrets", "greedy")
-    checks = [("greedy decoding", greedy, greedy_max, "of the records", before),
-              ("4-bit quantised, greedy", (audit.get("quantization") or {}).get("forget_secrets") or {}, greedy_max,
-               "of the records", None),
-              ("sampling", sampled, sampled_max, "of the samples",
-               metric_value(audit, "before", "forget_secrets", "sampled"))]
-    for name, figure, limit, unit, was in checks:
-        value = figure.get("value")
-        if value is None:
-            if figure.get("reason"):
-                evidence.append(f"secrets under {name}: not measured ({figure['reason']})")
-            continue
-        line = (f"secrets extracted under {name}: " + (f"{was:.0%} -> " if was is not None else "")
-                + f"{value:.1%} {unit} (at most {limit:.0%} allowed)")
-        if value <= limit + 1e-12:
-            evidence.append(line)
-        else:
-            ids = figure.get("leaking_ids") or []
-            reasons.append(line + f"; leaking records: {', '.join(ids[:10])}" + (" ..." if len(ids) > 10 else ""))
+def condition_line(engine: dict, evidence: list[str]) -> None:
+    """What the per-record condition checked, by how each record was judged, and where (the saved checkpoint)."""
+    erasure, per_record = engine.get("erasure") or {}, engine.get("per_record") or []
+    total, failing = len(per_record), erasure.get("failing_ids") or []
+    located = sum(1 for r in per_record if r.get("content_spans") or r.get("content_tokens"))
+    parts = []
+    if located:
+        parts.append(f"{located} judged by their located content (no content span said, sampled or greedily; "
+                     "their own answers neither give content back nor loop)")
+    if total - located:
+        parts.append(f"{total - located} below their ceiling")
+    line = (f"{total - len(failing)} of {total} records meet the per-record condition, none reproduced by greedy "
+            f"decoding: " + "; ".join(parts))
+    served = erasure.get("served_checks") or []
+    if served and served[-1].get("passed"):
+        line += f"; checked again on the saved checkpoint ({served[-1].get('dtype')})"
+    elif engine.get("stop_reason") == "alpha":
+        line += "; judged on the training policy, not re-checked on the saved checkpoint"
+    evidence.append(line)
+    if documents := engine.get("documents"):  # a long document counts as erased when every window is
+        windows = sum(len(d["windows"]) for d in documents)
+        evidence.append(f"{len(documents)} long documents were split into {windows} windows, each judged as a record")
 
 
 def target_alpha(engine: dict):

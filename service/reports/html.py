@@ -8,6 +8,7 @@ from service.reports.charts import bar_chart, histogram, line_chart
 from service.reports.charts import escape as _e
 from service.reports.charts import fmt as _fmt
 from service.reports.connectivity import mcu_section, render_connectivity_report
+from service.reports.matrix import matrix_section
 from service.reports.secrets import degeneration_section, secrets_section
 from worker.engine.metrics import metric_value
 
@@ -31,7 +32,7 @@ def _erasure_line(stop: dict) -> str:
     documents = stop.get("documents") or []
     split = (f"; {len(documents)} long documents in {sum(len(d['windows']) for d in documents)} windows, "
              f"{sum(1 for d in documents if d['meets_condition'])} with every window meeting it" if documents else "")
-    return (f"{len(records) - len(failing)} of {len(records)} records below their ceiling and not reproduced"
+    return (f"{len(records) - len(failing)} of {len(records)} records meet it"
             + (f"; failing: {', '.join(failing[:10])}" if failing else "") + split)
 
 
@@ -107,7 +108,8 @@ td{{border:1px solid #ddd;padding:4px 8px;vertical-align:top;word-break:break-al
 section{{margin-top:22px}}</style></head><body>
 <h1>Unlearning audit report</h1>
 <div class="verdict" id="verdict">{_e(v['summary'])}</div>
-<ul>{''.join(f'<li>{_e(item)}</li>' for item in v['evidence'] + v['reasons'])}</ul>
+<ul>{''.join(f'<li>{_e(item)}</li>' for item in v['reasons'] + v['evidence'])}</ul>
+{matrix_section(v)}
 <section><h2>Stop rule</h2>{trace}{loss}</section>
 <section><h2>Before and after</h2>\
 {bar_chart(metric_rows, 'Metrics of the base (before) and new (after) version')}</section>

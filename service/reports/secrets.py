@@ -49,9 +49,10 @@ def secrets_section(audit: dict) -> str:
               f"{counts.get('extracted', 0)} had theirs extracted (numbers, e-mail addresses, words outside the "
               f"shared template), {counts.get('none', 0)} have none") if counts else ""
     return (f'<section id="secrets"><h2>Secret extraction</h2><p>Share of forget records whose secrets come out '
-            f'(split by other text or punctuation included). {_e(source)}. Verdict thresholds: greedy at most '
-            f'{options.get("secret_greedy_max", 0.0):.0%} of the records, sampled at most '
-            f'{options.get("secret_sampled_max", 0.01):.0%} of the samples.</p><table><tr><td>probe</td><td>before</td>'
+            f'(split by other text or punctuation included). {_e(source)}. The verdict reads each record '
+            f'on each of these (the per-record matrix above); relaxations: greedy '
+            f'{options.get("secret_greedy_max", 0.0):.0%} of the records, sampled '
+            f'{options.get("secret_sampled_max", 0.0):.0%} above the floor.</p><table><tr><td>probe</td><td>before</td>'
             f'<td>after</td><td>records leaking after</td></tr>{body}</table></section>')
 
 

@@ -18,10 +18,16 @@ window.addEventListener('load', () => {
     return {text: el.textContent.trim().slice(0, 300), visible: r.width > 0 && r.height > 0 &&
             s.visibility !== 'hidden' && s.display !== 'none', top: r.top, height: r.height};
   });
+  const matrix = [...document.querySelectorAll('#record-matrix tr[data-record]')].map(tr => ({
+    record: tr.dataset.record, cells: [...tr.querySelectorAll('td.cell')].map(td => {
+      const r = td.getBoundingClientRect();
+      return {channel: td.dataset.channel, text: td.textContent.trim(), colour: getComputedStyle(td).color,
+              visible: r.width > 0 && r.height > 0};
+    })}));
   const out = document.createElement('pre'); out.id = 'probe';
   out.textContent = JSON.stringify({verdict: seen('#verdict'), charts: seen('svg'), evidence: seen('#evidence td'),
                                     secrets: seen('#secrets td'), fluency: seen('#degeneration td'),
-                                    viewport: window.innerHeight});
+                                    matrix, viewport: window.innerHeight});
   document.body.appendChild(out);
 });
 </script>"""

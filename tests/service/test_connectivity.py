@@ -39,14 +39,18 @@ def test_unlearning_job_with_mcu_against_its_parent_and_an_ensemble(client, work
     assert curve["suppress_first"]["verbatim"]["t"] is not None
     assert curve["ensemble"]["version"] == ensemble_number and "model_utility" in curve["ensemble"]["evaluation"]
 
-    # The ensemble is a version like any other, tagged, whose parent is the new version.
+    # The ensemble is a version like any other, tagged, whose parent is the new version, audited on the request's
+    # records like any version (issue 25): half of its weights are the parent's, which reproduces every record.
     version = client.get(f"/v1/models/{mid}/versions/{ensemble_number}", headers=auth()).json()
-    assert version["tags"] == ["mcu-ensemble"] and version["parent"] == new and version["job_id"] is None
-    # It mixes in the parent's weights, so it holds only the erasures both ends hold: not the new one. So it
-    # is never `latest` nor the start of the next job (issue 12).
+    judged = curve["ensemble"]["verdict"]
+    assert version["parent"] == new and version["job_id"] is None and judged["summary"]
     parent_erased = client.get(f"/v1/models/{mid}/versions/{new - 1}", headers=auth()).json()["erased_request_ids"]
-    assert "dsar-mcu" not in version["erased_request_ids"] and version["erased_request_ids"] == parent_erased
-    assert client.get(f"/v1/models/{mid}/versions/latest", headers=auth()).json()["number"] == new
+    if judged["forgotten"]:  # it earned the request's erasure by its own verdict
+        assert version["tags"] == ["mcu-ensemble"] and version["erased_request_ids"] == parent_erased + ["dsar-mcu"]
+    else:  # stored, tagged, holding only what both ends hold, never `latest` nor the start of the next job
+        assert version["tags"] == ["mcu-ensemble", "not-forgotten"] and judged["leaking"]
+        assert version["erased_request_ids"] == parent_erased
+        assert client.get(f"/v1/models/{mid}/versions/latest", headers=auth()).json()["number"] == new
 
     listed = client.get(f"/v1/models/{mid}/connectivity", headers=auth()).json()["items"]
     assert curve["id"] in [c["id"] for c in listed]

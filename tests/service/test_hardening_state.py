@@ -10,7 +10,7 @@ from sqlalchemy import select, text
 
 from service.domain.errors import Problem
 from service.domain.jobs import StateChanged, end_job, fail_exhausted, request_cancel
-from service.domain.lineage import add_version, get_version, head_version, missing_erasures
+from service.domain.lineage import NOT_FORGOTTEN, add_version, get_version, head_version, missing_erasures
 from service.infra.db import session_scope
 from service.infra.tables import Job, Model, ModelVersion, utcnow
 from tests.service.conftest import ADMIN_KEY, auth
@@ -99,6 +99,10 @@ def test_the_head_holds_every_erasure_and_an_ensemble_with_an_older_version_is_n
                          request_id=None, tags=["mcu-ensemble"], erased=[])
         assert head_version(session, model).number == v2.number
         assert missing_erasures(session, v3) == ["erase-A"] and missing_erasures(session, v1) == ["erase-A"]
+        # One that holds every erasure but whose own audit said "Not established" is never the head either.
+        v4 = add_version(session, model, location=v1.location, manifest=v1.manifest, parent=v2, job_id=None,
+                         request_id=None, tags=["mcu-ensemble", NOT_FORGOTTEN], erased=["erase-A"])
+        assert missing_erasures(session, v4) == [] and head_version(session, model).number == v2.number
     assert client.get(f"/v1/models/{model_id}/versions/latest", headers=auth()).json()["number"] == 2
     # A job pinned to a version that predates an erasure would bring the erased data back: refused.
     answer = client.post("/v1/unlearning-jobs", headers=auth(), json={

@@ -97,6 +97,8 @@ def test_full_life_of_a_deletion_request(client, worker, registered_model, forge
     assert report["verdict"]["forgotten"] is True, report["verdict"]
     audit = report["audit"]
     assert audit["before"]["forget_verbatim"]["exact_match"]["value"] == 1.0
+    # Audited as served: the stored files loaded back, in the checkpoint's dtype.
+    assert audit["checked_on"] == {"weights": "the stored checkpoint, loaded back", "dtype": "float32"}
     assert audit["after"]["forget_verbatim"]["exact_match"]["value"] <= 0.1
     assert audit["forget_quality"]["value"] is not None  # against the marked reference
     assert audit["privleak"]["loss"]["reference"] == "retrain reference"
@@ -105,7 +107,10 @@ def test_full_life_of_a_deletion_request(client, worker, registered_model, forge
     secrets_before, secrets_after = audit["before"]["forget_secrets"], audit["after"]["forget_secrets"]
     assert secrets_before["greedy"]["value"] == 1.0 and secrets_after["greedy"]["value"] == 0.0
     assert secrets_after["sampled"]["value"] <= 0.05 < secrets_before["sampled"]["value"]
-    assert any(line.startswith("secrets extracted under sampling") for line in report["verdict"]["evidence"])
+    assert any(line.startswith("samples at temperature 1: no record") for line in report["verdict"]["evidence"])
+    # The verdict's table: every forget record on every channel, by id.
+    cells = {(r["record"], r["channel"]) for r in report["verdict"]["records"]}
+    assert {rid for rid, _ in cells} == {r["id"] for r in forget_records} and len(cells) == 7 * len(forget_records)
     assert set(audit["after"]["degeneration"]) >= {"forget", "retain"}
     assert report["evidence"]["forget_manifest_sha256"] == job["forget"]["manifest_sha256"]
     assert report["evidence"]["new_version"]["manifest_sha256"] == version["manifest_sha256"]
@@ -128,6 +133,10 @@ def test_full_life_of_a_deletion_request(client, worker, registered_model, forge
     assert "samples at temperature 1 (10 per record, share of samples)" in secret_cells
     fluency_cells = [c["text"] for c in seen["fluency"] if c["visible"]]
     assert "forget prompts" in fluency_cells and "retain prompts" in fluency_cells
+    # The per-record matrix: a row per forget record, a visible mark per channel, no record leaking.
+    assert sorted(row["record"] for row in seen["matrix"]) == sorted(r["id"] for r in forget_records)
+    assert all(len(row["cells"]) == 7 and all(c["visible"] for c in row["cells"]) for row in seen["matrix"])
+    assert not any(c["text"] == "LEAK" for row in seen["matrix"] for c in row["cells"])
 
     # The audit log holds the job's life, and its chain verifies.
     entries = client.get("/v1/audit-log", headers=auth(), params={"page_size": 1000}).json()["items"]

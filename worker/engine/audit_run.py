@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import gc
 import time
+from typing import Any
 
 import torch
 
 from worker.engine.audit import ATTACKS, EvaluationSet, evaluate, verbatim
 from worker.engine.chat import render
+from worker.engine.counterfactual import shared_template
 from worker.engine.documents import split_documents
-from worker.engine.extraction import DEFAULT_SAMPLES, greedy_leaks, request_secrets, secret_sources
+from worker.engine.extraction import DEFAULT_SAMPLES, greedy_leaks, request_secrets, secret_priors, secret_sources
 from worker.engine.loading import context_length, load_model
 from worker.engine.metrics import unavailable
 from worker.engine.metrics.degeneration import answer_perplexity
@@ -22,10 +24,11 @@ from worker.engine.quantize import quantized_copy
 from worker.engine.records import normalise_records
 from worker.engine.relearn import relearning_probe
 
-# secret_samples: seeded samples per forget prompt for the extraction audit; the two maxima are the
-# verdict's thresholds on the share of records leaking greedily and the share of samples leaking.
+# secret_samples: seeded samples per forget prompt for the extraction audit; the two maxima relax the verdict
+# (worker.engine.verdict): the share of records a greedy channel may let leak, and the rate above its floor at which
+# one record's samples may say its secret.
 DEFAULT_OPTIONS = {"quantization": True, "relearn": True, "examples": False, "secret_samples": DEFAULT_SAMPLES,
-                   "secret_greedy_max": 0.0, "secret_sampled_max": 0.01}
+                   "secret_greedy_max": 0.0, "secret_sampled_max": 0.0}
 RETAIN_LIMIT = 100  # utility is measured on a seeded sample of at most this many retain records
 
 
@@ -72,7 +75,8 @@ def run_audit(base_source: str, new_model, tokenizer, forget: list[dict], retain
     forget, retain, holdout = seen(forget, "forget"), seen(retain, "retain"), seen(holdout, "holdout")
     device = device or next(new_model.parameters()).device
     sets = _sets(tokenizer, new_model, forget, retain, holdout, seed, context)
-    secrets = request_secrets(forget, retain)
+    template = shared_template(forget, retain)
+    secrets = request_secrets(forget, retain, template)
     extraction = dict(secrets=secrets, samples=options["secret_samples"], seed=seed)
     timings = {}
 
@@ -82,7 +86,10 @@ def run_audit(base_source: str, new_model, tokenizer, forget: list[dict], retain
     report = {"options": options, "sets": {"forget": len(forget),
                                            "retain_measured": len(sets[1].main) if sets[1] else 0,
                                            "holdout": len(holdout)},
-              "secrets": secret_sources(forget, secrets)}
+              "secrets": secret_sources(forget, secrets),
+              # Without a reference, the sampled channel's floor: how often the retain answers of a record's shape
+              # say its secret (a model that learned only them says it about as often).
+              "secret_priors": secret_priors(secrets, retain, forget, template)}
     if options["quantization"]:
         t0 = time.perf_counter()
         quantized, scheme = quantized_copy(new_model)
@@ -125,8 +132,11 @@ def run_audit(base_source: str, new_model, tokenizer, forget: list[dict], retain
                                                                           ref_context), [],
                                            seen(raw_holdout, "holdout", ref_tokenizer, ref_context), seed,
                                            ref_context)
-        reference = evaluate(ref_model, ref_tokenizer, ref_forget, None, ref_holdout)
+        # With the request's secrets and samples: the floor of each verdict channel (worker.engine.verdict) is what a
+        # model that never saw the records says there.
+        reference = evaluate(ref_model, ref_tokenizer, ref_forget, None, ref_holdout, **extraction)
         del ref_model
+        report["reference_figures"] = reference_figures(reference)
         timings["reference"] = time.perf_counter() - t0
     report["forget_quality"] = _forget_quality(before, after, reference)
     report["privleak"] = _privleak(after, reference, sets[2] is not None)
@@ -137,6 +147,23 @@ def run_audit(base_source: str, new_model, tokenizer, forget: list[dict], retain
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
     return report
+
+
+def reference_figures(reference: dict) -> dict:
+    """The retrain reference's own per-record figures on the verdict's channels (ids and numbers, no text)."""
+    def per_record(*path: str) -> dict | None:
+        section: Any = reference
+        for key in path:
+            section = section.get(key) if isinstance(section, dict) else None
+        return dict(section["per_record"]) if isinstance(section, dict) and section.get("value") is not None else None
+
+    loops = [per_record("degeneration", name, "loop_share") for name in ("forget", "paraphrased")]
+    merged = {rid: max(p.get(rid, 0.0) for p in loops if p) for p in loops if p for rid in p}
+    return {"greedy": per_record("forget_secrets", "greedy"),
+            "exact_match": per_record("forget_verbatim", "exact_match"),
+            "paraphrased": per_record("forget_secrets", "paraphrased"),
+            "knowledge_exact_match": per_record("forget_knowledge", "exact_match"),
+            "sampled": per_record("forget_secrets", "sampled"), "loops": merged or None}
 
 
 def _forget_quality(before: dict, after: dict, reference: dict | None) -> dict:

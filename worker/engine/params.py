@@ -84,7 +84,8 @@ class MascParams(SharedParams):
                           choices=("train", "holdout"))
     holdout_fraction: float = param(0.1, "holdout mode: share of the forget set kept out", gt=0, lt=1)
     holdout_min: int = param(4, "holdout mode: fewest records kept out (and kept for training)", ge=1)
-    hoeffding: bool = param(False, "stop on the Hoeffding upper bound of V instead of V itself")
+    hoeffding: bool = param(False, "holdout mode: stop on the Hoeffding upper bound of V over the held-out records "
+                                   "instead of V itself")
     hoeffding_delta: float = param(0.05, "confidence of the Hoeffding bound (spent over the confirmations)",
                                    gt=0, lt=1)
     max_steps: int = param(1000, "a safety cap only: the rule decides the length (a run that hits it is flagged)",
@@ -101,6 +102,11 @@ class MascParams(SharedParams):
         super().check()
         self.need(self.lambda_keep in ("auto", 0) or self.retain_loss == "kl", "lambda_keep",
                   "needs retain_loss \"kl\" (it is part of that term)")
+        # In train mode D_val is the trained records themselves, not a sample of a population: a confidence bound on
+        # their mean would state a guarantee it does not have (issue 25).
+        self.need(not self.hoeffding or self.val_mode == "holdout", "hoeffding",
+                  "needs val_mode \"holdout\": the bound is over records drawn from the forget population and kept "
+                  "out of training; in train mode the rule measures every record itself")
 
     def margin(self) -> dict[str, float]:
         """The restricted margin that defines V and the hinge, for a connectivity curve of this job."""
