@@ -146,7 +146,7 @@ def audit_figures(engine: dict, audit: dict) -> dict[str, dict]:
     ref = audit.get("reference_figures")
     secrets = after.get("forget_secrets") or {}
     ref_greedy = _union((ref or {}).get("greedy"), (ref or {}).get("exact_match")) if ref else None
-    source = "retrain reference" if ref else "none (no retrain reference registered)"
+    source = "retrain reference" if ref else "0 (no retrain reference registered)"
     figures: dict[str, dict] = {}
     erasure = engine.get("erasure") or {}
     if erasure.get("applied") and engine.get("per_record"):
