@@ -73,7 +73,11 @@ def measure(model, tokenizer, sets: dict, neighbour_ids: set[str], reference=Non
     forget, secrets = sets["forget"], sets["secrets"]
     answered = generation_metrics(model, tokenizer, forget.main, forget.references)  # one greedy pass serves all
     forget_texts = answered["generated"]
-    para_texts = text_of(tokenizer, forget.paraphrased, model) if forget.paraphrased else {}
+    # The paraphrased answers, and whether they reproduce the record (the verdict's paraphrase channel reads both).
+    para = generation_metrics(model, tokenizer, forget.paraphrased, {r.id: forget.references[r.id]
+                                                                     for r in forget.paraphrased}) \
+        if forget.paraphrased else None
+    para_texts = para["generated"] if para else {}
     loops = degeneration({**forget_texts, **{f"{k}#p": v for k, v in para_texts.items()}})
     greedy_leaked = greedy_leaks(forget_texts, secrets)
     sampled = sampled_leaks(model, tokenizer, forget.main, secrets, samples=SAMPLES, seed=0)
@@ -117,7 +121,8 @@ def measure(model, tokenizer, sets: dict, neighbour_ids: set[str], reference=Non
     loop_of = loops["loop_share"]["per_record"]
     out["channels"] = {
         "greedy": _union(answered["exact_match"]["per_record"], greedy_leaked.get("per_record")),
-        "paraphrase": (para_leaked or {}).get("per_record") or None,
+        "paraphrase": _union(para["exact_match"]["per_record"], (para_leaked or {}).get("per_record")) if para
+        else None,
         "sampled": sampled.get("per_record") or None,
         "quantized": _union(q["exact_match"]["per_record"], quantized_leaked.get("per_record")),
         "relearned": probe.get("per_record") or None,

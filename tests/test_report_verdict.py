@@ -60,7 +60,7 @@ def test_the_per_record_condition_is_evidence_or_a_reason_naming_the_records():
     assert "alpha = 0.350 (calibrated on theta_0)" in v["evidence"][0]
     v = verdict(masc_engine(failing=("r1",)), audit())
     assert not v["forgotten"] and v["reasons"] == [
-        "stop rule's per-record condition, on the saved checkpoint: 1 of 3 records fail (ids: r1)"]
+        "stop rule's per-record condition: 1 of 3 records fail (ids: r1)"]
 
 
 def test_long_documents_are_judged_by_their_windows():

@@ -77,7 +77,28 @@ def test_a_record_failing_the_rule_on_the_saved_checkpoint_is_named():
     engine["erasure"]["failing_ids"] = ["r4"]
     v = verdict(engine, audit)
     assert not v["forgotten"] and v["channels"]["rule"]["leaking_ids"] == ["r4"]
-    assert "stop rule's per-record condition, on the saved checkpoint: 1 of 10 records fail (ids: r4)" in v["reasons"]
+    assert "stop rule's per-record condition: 1 of 10 records fail (ids: r4)" in v["reasons"]
+
+
+def test_an_audit_that_failed_is_not_established_and_still_names_the_records_the_rule_found_failing():
+    engine, _ = scripted()
+    engine["per_record"][2]["meets_condition"] = False
+    v = verdict(engine, {"error": "OutOfMemoryError: the float32 copy"})
+    assert not v["forgotten"] and v["reasons"][0] == "the audit failed: OutOfMemoryError: the float32 copy"
+    assert "stop rule's per-record condition: 1 of 10 records fail (ids: r2)" in v["reasons"]
+
+
+@pytest.mark.parametrize("judged, erased, tags", [
+    (None, ["old"], ["mcu-ensemble"]),  # not audited (a connectivity job on its own): what both ends hold
+    ({"forgotten": True}, ["old", "req"], ["mcu-ensemble"]),  # earned the request by its own verdict
+    ({"forgotten": False}, ["old"], ["mcu-ensemble", "not-forgotten"]),  # stored, tagged, never the head
+])
+def test_an_ensemble_holds_the_request_only_by_its_own_verdict(judged, erased, tags):
+    from worker.curves import ensemble_erasures
+
+    # b (the new version) holds an older erasure and the request; a (its parent) only the older one.
+    assert ensemble_erasures(["old", "req"], ["old"], "req", judged) == (erased, tags)
+    assert ensemble_erasures(["old", "req"], [], "req", {"forgotten": True}) == (["req"], ["mcu-ensemble"])
 
 
 def test_a_loop_the_base_already_had_is_within_its_floor():

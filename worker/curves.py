@@ -89,6 +89,16 @@ def save_ensemble(outcome, store: ArtifactStore, tmp: Path, location: str) -> di
     return {"location": location, "manifest": store.put_local_directory(out, location)}
 
 
+def ensemble_erasures(b_erased: list[str], a_erased: list[str], request_id: str | None, judged: dict | None
+                      ) -> tuple[list[str], list[str]]:
+    """What an ensemble of versions a and b holds, and its tags: of the earlier erasures those both ends hold; this
+    job's request only where the ensemble's own verdict is "Forgotten"; a verdict that is not tags it not-forgotten
+    (never the head). Unaudited (a connectivity job on its own): what both ends hold, no new erasure."""
+    earned = bool(judged and judged["forgotten"])
+    erased = [r for r in b_erased if r in set(a_erased) or (earned and r == request_id)]
+    return erased, [ENSEMBLE_TAG] + ([NOT_FORGOTTEN] if judged is not None and not earned else [])
+
+
 def record_curves(session, job: Job, curves: list[dict], b: int, parent_of_ensemble) -> list:
     """Store each measured curve (and the ensemble's version, tagged) inside the caller's transaction."""
     model = get_model(session, job.tenant, job.model_id)
@@ -101,12 +111,10 @@ def record_curves(session, job: Job, curves: list[dict], b: int, parent_of_ensem
             # The ensemble mixes both ends' weights: of the earlier erasures (whose records are gone) it holds those
             # both ends hold; this job's request only where its own audit says "Forgotten". Otherwise it is stored,
             # tagged, and never the head (it lacks the request the new version holds).
-            a_erased = set(get_version(session, model, curve["a"]).erased_request_ids)
             judged = curve["ensemble"].get("verdict")
-            earned = bool(judged and judged["forgotten"])
-            erased = [r for r in parent_of_ensemble.erased_request_ids
-                      if r in a_erased or (earned and r == job.request_id)]
-            tags = [ENSEMBLE_TAG] + ([NOT_FORGOTTEN] if judged is not None and not earned else [])
+            erased, tags = ensemble_erasures(parent_of_ensemble.erased_request_ids,
+                                             get_version(session, model, curve["a"]).erased_request_ids,
+                                             job.request_id, judged)
             version = add_version(session, model, location=curve["ensemble"]["location"],
                                   manifest=curve["ensemble"]["manifest"], parent=parent_of_ensemble, job_id=None,
                                   request_id=None, tags=tags, erased=erased)

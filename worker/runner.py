@@ -56,7 +56,7 @@ def run(job_id: str) -> str:
 
 
 def _execute(work: Work, keeper: LeaseKeeper, settings: Settings) -> str:
-    from worker.engine.loading import load_tokenizer, load_weights, resolve_device, save_model
+    from worker.engine.loading import save_model
     from worker.engine.memory_check import DoesNotFit
 
     store = artifact_store(settings)
@@ -83,14 +83,10 @@ def _execute(work: Work, keeper: LeaseKeeper, settings: Settings) -> str:
                 # The audit reads the checkpoint as it is served: loaded back from the files just stored, not the
                 # weights in memory (issue 25; the rule's own check ran on the merged copy in this dtype).
                 dtype, placement = next(model.parameters()).dtype, getattr(model, "hf_device_map", None)
-                del model
-                model = load_weights(Path(tmp) / "out", resolve_device(settings.device), dtype, placement)
-                tokenizer = load_tokenizer(Path(tmp) / "out")
-                audit = _audit(work, model, tokenizer, str(source), store, Path(tmp))
-                audit["checked_on"] = {"weights": "the stored checkpoint, loaded back",
-                                       "dtype": str(dtype).removeprefix("torch.")}
-                if work.curves_from:
-                    model = None  # the curves load both ends themselves
+                del model  # before the load: not two copies at once
+                audit = _audit_served(work, Path(tmp) / "out", dtype, placement, str(source), store, Path(tmp),
+                                      settings.device)
+                if work.curves_from:  # the curves load both ends themselves
                     curves = measure_curves(work, str(Path(tmp) / "out"), store, Path(tmp), keeper, settings.device,
                                             lambda m, t: _audit(work, m, t, str(source), store, Path(tmp)))
             finished = _finish(work, keeper, result, location, manifest, audit, curves)
@@ -142,6 +138,31 @@ def model_card(card: dict, result: dict) -> str:
             f"- Base model (lineage root): {card['source']}\n- Parent version: {card['parent']}\n"
             f"- Produced by job: {card['job']} ({result['method']}, stop reason {result['stop_reason']}, "
             f"{result['steps']} steps)\n\nErasure requests applied along this lineage:\n\n{erased}\n")
+
+
+def _audit_served(work: Work, stored: Path, dtype, placement: dict | None, source: str, store: ArtifactStore,
+                  tmp: Path, device: str) -> dict:
+    """The audit of the checkpoint as it is served, loaded back from its stored files in its dtype (and placement); a
+    load that fails is the audit's failure, recorded, and does not undo the unlearning."""
+    import gc
+
+    import torch
+
+    from worker.engine.loading import load_tokenizer, load_weights, resolve_device
+
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    try:
+        served = load_weights(stored, resolve_device(device), dtype, placement)
+        tokenizer = load_tokenizer(stored)
+    except Exception as exc:
+        log.exception("the stored checkpoint could not be loaded back")
+        return {"error": f"the stored checkpoint could not be loaded back: {type(exc).__name__}: {exc}"[:2000]}
+    audit = _audit(work, served, tokenizer, source, store, tmp)
+    audit["checked_on"] = {"weights": "the stored checkpoint, loaded back",
+                           "dtype": str(next(served.parameters()).dtype).removeprefix("torch.")}
+    return audit
 
 
 def _audit(work: Work, model, tokenizer, source: str, store: ArtifactStore, tmp: Path) -> dict:

@@ -41,8 +41,9 @@ def erasures_done(session: Session, model_id: str) -> set[str]:
 
 def head_version(session: Session, model: Model) -> ModelVersion | None:
     """The version `latest` names and new jobs start from: the newest READY version that holds every erasure
-    done on the model. A newer version that lacks one (an MCU ensemble mixed with an older version) is
-    never the head, so no job starts again from data that was erased."""
+    done on the model and is not tagged not-forgotten. A newer version that lacks one (an MCU ensemble mixed with an
+    older version, unless its own audit found the request erased) is never the head, so no job starts again from
+    data that was erased."""
     versions = session.scalars(select(ModelVersion).where(ModelVersion.model_id == model.id)
                                .order_by(ModelVersion.number.desc())).all()
     done = {rid for v in versions for rid in v.erased_request_ids or []}  # as erasures_done, from this one read

@@ -38,6 +38,8 @@ def verdict(engine: dict, audit: dict) -> dict:
     judged = None
     if "error" in audit:
         reasons.append(f"the audit failed: {audit['error']}")
+        rule = judge(engine, {})["channels"]["rule"]  # the records the rule itself found failing, still named
+        reasons += verdict_lines({"rule": rule})[1]
     else:
         judged = judge(engine, audit)
         lines, blocking = verdict_lines(judged["channels"])

@@ -45,9 +45,11 @@ def test_unlearning_job_with_mcu_against_its_parent_and_an_ensemble(client, work
     judged = curve["ensemble"]["verdict"]
     assert version["parent"] == new and version["job_id"] is None and judged["summary"]
     parent_erased = client.get(f"/v1/models/{mid}/versions/{new - 1}", headers=auth()).json()["erased_request_ids"]
-    if judged["forgotten"]:  # it earned the request's erasure by its own verdict
+    # Whichever its verdict, the version stored says the same (the rule: worker.curves.ensemble_erasures, tested in
+    # tests/test_verdict_records.py), and a version that did not earn the request is never `latest`.
+    if judged["forgotten"]:
         assert version["tags"] == ["mcu-ensemble"] and version["erased_request_ids"] == parent_erased + ["dsar-mcu"]
-    else:  # stored, tagged, holding only what both ends hold, never `latest` nor the start of the next job
+    else:
         assert version["tags"] == ["mcu-ensemble", "not-forgotten"] and judged["leaking"]
         assert version["erased_request_ids"] == parent_erased
         assert client.get(f"/v1/models/{mid}/versions/latest", headers=auth()).json()["number"] == new

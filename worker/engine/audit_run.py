@@ -4,6 +4,7 @@ relearning probes. Models are loaded one at a time, so the audit never holds mor
 from __future__ import annotations
 
 import gc
+import random
 import time
 from typing import Any
 
@@ -30,13 +31,16 @@ from worker.engine.relearn import relearning_probe
 DEFAULT_OPTIONS = {"quantization": True, "relearn": True, "examples": False, "secret_samples": DEFAULT_SAMPLES,
                    "secret_greedy_max": 0.0, "secret_sampled_max": 0.0}
 RETAIN_LIMIT = 100  # utility is measured on a seeded sample of at most this many retain records
+PRIOR_LIMIT = 2000  # the samples' floor (a share of retain answers) is read from a seeded sample of this many
+
+
+def _sample(records: list[dict], limit: int, seed: int) -> list[dict]:
+    return random.Random(seed).sample(records, limit) if len(records) > limit else records
 
 
 def _sets(tokenizer, model, forget, retain, holdout, seed, max_length):
     make = lambda records, what: EvaluationSet(records, tokenizer, max_length, seed, what) if records else None  # noqa
-    if retain and len(retain) > RETAIN_LIMIT:
-        import random
-        retain = random.Random(seed).sample(retain, RETAIN_LIMIT)
+    retain = _sample(retain or [], RETAIN_LIMIT, seed)
     return make(forget, "forget"), make(retain, "retain"), make(holdout, "holdout")
 
 
@@ -89,7 +93,7 @@ def run_audit(base_source: str, new_model, tokenizer, forget: list[dict], retain
               "secrets": secret_sources(forget, secrets),
               # Without a reference, the sampled channel's floor: how often the retain answers of a record's shape
               # say its secret (a model that learned only them says it about as often).
-              "secret_priors": secret_priors(secrets, retain, forget, template)}
+              "secret_priors": secret_priors(secrets, _sample(retain, PRIOR_LIMIT, seed), forget, template)}
     if options["quantization"]:
         t0 = time.perf_counter()
         quantized, scheme = quantized_copy(new_model)
@@ -104,8 +108,13 @@ def run_audit(base_source: str, new_model, tokenizer, forget: list[dict], retain
         timings["quantization"] = time.perf_counter() - t0
     if options["relearn"]:
         t0 = time.perf_counter()
-        report["relearning"] = relearning_probe(new_model, tokenizer, sets[0].main, sets[0].references, seed=seed,
-                                                secrets=secrets)
+        try:
+            report["relearning"] = relearning_probe(new_model, tokenizer, sets[0].main, sets[0].references,
+                                                    seed=seed, secrets=secrets)
+        except torch.OutOfMemoryError as exc:  # a float32 copy and its optimiser state: twice a bfloat16 model
+            report["relearning"] = unavailable(f"the probe's float32 copy did not fit in memory ({exc})"[:500])
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
         timings["relearning"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
@@ -136,7 +145,12 @@ def run_audit(base_source: str, new_model, tokenizer, forget: list[dict], retain
         # model that never saw the records says there.
         reference = evaluate(ref_model, ref_tokenizer, ref_forget, None, ref_holdout, **extraction)
         del ref_model
-        report["reference_figures"] = reference_figures(reference)
+        # A floor counts only for a record the reference was asked the same thing about: a window of a long
+        # document cut at other places by the reference's tokenizer is another text.
+        ours = {rid: " ".join(text.split()) for rid, text in sets[0].references.items()}
+        same = {rid for rid, text in ref_forget.references.items() if ours.get(rid) == " ".join(text.split())}
+        report["reference_figures"] = {name: {rid: v for rid, v in figure.items() if rid in same} if figure else figure
+                                       for name, figure in reference_figures(reference).items()}
         timings["reference"] = time.perf_counter() - t0
     report["forget_quality"] = _forget_quality(before, after, reference)
     report["privleak"] = _privleak(after, reference, sets[2] is not None)

@@ -14,7 +14,7 @@ import math
 from typing import Any
 
 CHANNELS = ("rule", "greedy", "paraphrase", "sampled", "quantized", "relearned", "loops")
-LABELS = {"rule": "stop rule's per-record condition, on the saved checkpoint",
+LABELS = {"rule": "stop rule's per-record condition",
           "greedy": "greedy answer to the prompt", "paraphrase": "greedy answer to the paraphrased prompt",
           "sampled": "samples at temperature 1", "quantized": "greedy answer of the 4-bit copy",
           "relearned": "greedy answer after relearning on the other records", "loops": "repetition loops"}
