@@ -73,6 +73,23 @@ def test_targets_a_tenant_may_not_reach(url, words):
     assert words in webhooks.target_problem(url, allow_private=False)
 
 
+@pytest.mark.parametrize("address, public", [
+    ("64:ff9b::a00:1", False), ("64:ff9b::7f00:1", False), ("64:ff9b::5db8:d822", True),  # NAT64: 10.0.0.1, 127.0.0.1
+    ("64:ff9b:1::a00:1", False),  # NAT64's local-use prefix: the operator's own translator
+    ("2002:a00:1::1", False), ("2002:a9fe:a9fe::1", False), ("2002:5db8:d822::1", True),  # 6to4: 10.0.0.1, 169.254..
+    ("::10.0.0.1", False), ("::127.0.0.1", False), ("::", False), ("::93.184.216.34", True),  # IPv4-compatible
+    ("2001:0:4136:e378:8000:63bf:f5ff:fffe", False),  # Teredo, client 10.0.0.1
+    ("::ffff:192.168.0.1", False), ("fc00::1", False), ("fe80::1", False), ("2001:db8::1", False),
+    ("ff02::1", False), ("2606:4700:4700::1111", True),
+])
+def test_ipv6_reaching_a_private_ipv4_through_a_translation_is_refused(address, public):
+    import ipaddress
+
+    assert webhooks.public_address(ipaddress.ip_address(address)) is public
+    problem = webhooks.target_problem(f"http://[{address}]/hook", allow_private=False)
+    assert (problem is None) is public and (public or "not a public address" in problem)
+
+
 def test_public_targets_pass_and_the_operator_may_allow_private_ones():
     assert webhooks.target_problem("https://93.184.216.34/hook", allow_private=False) is None
     assert webhooks.target_problem("http://127.0.0.1:9/hook", allow_private=True) is None

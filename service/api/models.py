@@ -134,8 +134,14 @@ def list_files(model_id: str, number: str, who: Principal = Depends(require("art
     return {"manifest_sha256": v.manifest_sha256, "files": v.manifest}
 
 
-# ASCII digits, at most 19: a huge number is 416, not a crash
-RANGE = re.compile(r"^bytes=([0-9]{0,19})-([0-9]{0,19})$")
+# ASCII digits only; a position of more than 19 digits lies past any file (parsed as HUGE, never as an int of
+# thousands of digits): a first byte there is 416, a last byte or a suffix length there is clamped (RFC 9110 14.1.2).
+RANGE = re.compile(r"^bytes=([0-9]*)-([0-9]*)$")
+HUGE = 10 ** 19
+
+
+def _position(digits: str) -> int:
+    return int(digits) if len(digits) <= 19 else HUGE
 
 
 @router.get("/{model_id}/versions/{number}/files/{path:path}")
@@ -160,10 +166,10 @@ def download_file(model_id: str, number: str, path: str, who: Principal = Depend
             raise Problem(416, "range-not-satisfiable", "Range not satisfiable", f"cannot serve {range_header!r}",
                           headers={"Content-Range": f"bytes */{size}"})
         first, last = match.groups()
-        if first == "":  # the last N bytes
-            start, end = max(0, size - int(last)), size - 1
-        else:
-            start, end = int(first), min(int(last), size - 1) if last else size - 1
+        if first == "":  # the last N bytes; N past the size is the whole file
+            start, end = max(0, size - _position(last)), size - 1
+        else:  # a last byte past the end is the end
+            start, end = _position(first), min(_position(last), size - 1) if last else size - 1
         if start >= size or start > end:
             raise Problem(416, "range-not-satisfiable", "Range not satisfiable", f"{range_header!r} of {size} bytes",
                           headers={"Content-Range": f"bytes */{size}"})

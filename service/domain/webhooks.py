@@ -84,11 +84,35 @@ def resolve_target(url: str, allow_private: bool) -> tuple[str | None, str | Non
     except (OSError, ValueError) as exc:
         return (None, None) if allow_private else (f"its host does not resolve ({exc})", None)
     for address in addresses:
-        ip = ipaddress.ip_address(address.split("%")[0])
-        mapped = getattr(ip, "ipv4_mapped", None)
-        if not allow_private and not (mapped or ip).is_global:
+        if not allow_private and not public_address(ipaddress.ip_address(address.split("%")[0])):
             return f"resolves to {address}, which is not a public address (loopback, link-local or private)", None
     return None, addresses[0] if addresses else None
+
+
+NAT64 = ipaddress.ip_network("64:ff9b::/96")  # RFC 6052's well-known prefix: the IPv4 address is the last 32 bits
+IPV4_COMPATIBLE = ipaddress.ip_network("::/96")  # deprecated, but a stack may still route ::a.b.c.d to a.b.c.d
+GLOBAL_UNICAST = ipaddress.ip_network("2000::/3")
+
+
+def public_address(ip: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
+    """Whether a delivery may connect to `ip`. IPv4: globally routable. IPv6 that carries an IPv4 address (mapped,
+    NAT64's well-known prefix, IPv4-compatible, 6to4, Teredo): the IPv4 addresses it reaches must be, since a
+    translator or relay delivers there (on an IPv6-only cluster with NAT64, 64:ff9b::a00:1 is 10.0.0.1). Any other
+    IPv6: global unicast (2000::/3) and globally routable, so NAT64's local-use prefix 64:ff9b:1::/48 is refused."""
+    if isinstance(ip, ipaddress.IPv4Address):
+        return ip.is_global
+    embedded: list[ipaddress.IPv4Address] = []
+    if ip.ipv4_mapped is not None:
+        embedded = [ip.ipv4_mapped]
+    elif ip in NAT64 or ip in IPV4_COMPATIBLE:
+        embedded = [ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)]  # :: and ::1 give 0.0.0.0 and 0.0.0.1: refused
+    elif ip.sixtofour is not None:
+        embedded = [ip.sixtofour]
+    elif ip.teredo is not None:
+        embedded = list(ip.teredo)  # the Teredo server and the client behind it
+    if embedded:
+        return all(v4.is_global for v4 in embedded)
+    return ip in GLOBAL_UNICAST and ip.is_global
 
 
 def target_problem(url: str, allow_private: bool) -> str | None:

@@ -81,7 +81,7 @@ def test_the_store_refuses_paths_that_leave_the_version_folder(tmp_path):
 
 # --- input that crashed --------------------------------------------------------------------------------
 
-def test_odd_version_numbers_page_tokens_and_ranges_are_4xx(client, registered_model):
+def test_odd_version_numbers_and_page_tokens_are_4xx_and_ranges_past_the_end_clamped(client, registered_model):
     base = f"/v1/models/{registered_model['id']}"
     for number in ("²", "١", "99999999999999999999", "0", "-1", "1.0"):
         answer = client.get(f"{base}/versions/{number}", headers=auth())
@@ -93,6 +93,12 @@ def test_odd_version_numbers_page_tokens_and_ranges_are_4xx(client, registered_m
     answer = client.get(f"{base}/versions/1/files/config.json",
                         headers={**auth(), "Range": "bytes=" + "9" * 5000 + "-"})
     assert answer.status_code == 416
+    # A last byte or a suffix length past the end is clamped to the file (RFC 9110 14.1.2): what download managers send.
+    whole = client.get(f"{base}/versions/1/files/config.json", headers=auth()).content
+    for asked in ("bytes=0-" + "9" * 40, "bytes=-" + "9" * 40, f"bytes=0-{10 ** 12}", f"bytes=-{10 ** 12}"):
+        answer = client.get(f"{base}/versions/1/files/config.json", headers={**auth(), "Range": asked})
+        assert answer.status_code == 206 and answer.content == whole, (asked, answer.status_code)
+        assert answer.headers["content-range"] == f"bytes 0-{len(whole) - 1}/{len(whole)}"
 
 
 def test_control_characters_surrogates_and_huge_values_are_refused(client, registered_model, forget_records):
