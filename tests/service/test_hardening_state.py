@@ -178,6 +178,46 @@ def test_rotating_the_admin_key_revokes_the_old_one(client):
 
 # --- quotas --------------------------------------------------------------------------------------------
 
+def test_parallel_submissions_cannot_pass_the_quota_together(registered_model):
+    import time
+    from types import SimpleNamespace
+
+    from service.domain.jobs import check_quota, forget_evidence
+
+    tenant, records = "p-" + uuid.uuid4().hex[:6], [{"id": "r", "prompt": "Q", "completion": "A"}]
+    one = SimpleNamespace(max_active_jobs=1, max_worker_seconds_per_day=0)
+    counted, outcomes = threading.Event(), []
+
+    def submit(first: bool):
+        if not first:
+            counted.wait(10)  # the first has counted and not yet inserted
+        try:
+            with session_scope() as session:
+                check_quota(session, tenant, one)
+                if first:
+                    counted.set()
+                    time.sleep(1.0)
+                session.add(Job(tenant=tenant, model_id=registered_model["id"], base_version=1, request_id="p",
+                                method="masc", params={}, forget_records=records,
+                                forget_evidence=forget_evidence(records), progress={}, max_attempts=3,
+                                cancel_requested=False, state="QUEUED", attempt=0))
+            outcomes.append("in")
+        except Problem as problem:
+            outcomes.append(problem.status)
+
+    threads = [threading.Thread(target=submit, args=(first,)) for first in (True, False)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    try:
+        assert sorted(outcomes, key=str) == [429, "in"], outcomes  # one job in, the other counted after it
+    finally:
+        with session_scope() as session:  # leave nothing for the worker
+            for job in session.query(Job).filter(Job.tenant == tenant, Job.state == "QUEUED"):
+                end_job(job, "CANCELLED")
+
+
 def test_a_tenant_over_its_quota_gets_429_and_creates_nothing(registered_model):
     from types import SimpleNamespace
 
