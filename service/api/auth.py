@@ -4,6 +4,7 @@ from __future__ import annotations
 import hashlib
 import secrets
 import time
+from collections import OrderedDict
 from dataclasses import dataclass
 
 import anyio
@@ -82,28 +83,50 @@ def is_operator(who: Principal) -> bool:
     return "admin" in who.scopes and who.tenant == get_settings().admin_tenant
 
 
-# Key hash -> (expiry, principal or None). Saves a query per request; a revoked key stops working
-# within KEY_CACHE_SECONDS.
+# Key hash -> (expiry, principal): saves a query per request; a revoked key stops working within KEY_CACHE_SECONDS.
+# Unknown (or revoked) keys are cached apart, at most KEY_CACHE_LIMIT, the oldest dropped first: a flood of made-up
+# keys costs one query each and never evicts a tenant's real key.
 KEY_CACHE_SECONDS = 5.0
-_key_cache: dict[str, tuple[float, Principal | None]] = {}
+KEY_CACHE_LIMIT = 10_000
+_key_cache: dict[str, tuple[float, Principal]] = {}
+_unknown: OrderedDict[str, float] = OrderedDict()
 
 
 def forget_cached(key_hash: str) -> None:
     """Drop a key from this process's cache (a revocation here takes effect at once)."""
     _key_cache.pop(key_hash, None)
+    _unknown.pop(key_hash, None)
+
+
+def cached(digest: str) -> tuple[bool, Principal | None]:
+    """(whether this process knows the key's state, its principal or None)."""
+    now = time.monotonic()
+    hit = _key_cache.get(digest)
+    if hit is not None and hit[0] > now:
+        return True, hit[1]
+    expiry = _unknown.get(digest)
+    return (True, None) if expiry is not None and expiry > now else (False, None)
 
 
 def lookup(secret: str) -> Principal | None:
     digest, now = hash_key(secret), time.monotonic()
-    hit = _key_cache.get(digest)
-    if hit is not None and hit[0] > now:
-        return hit[1]
+    known, found = cached(digest)
+    if known:
+        return found
     with session_scope() as session:
         key = session.scalar(select(ApiKey).where(ApiKey.key_hash == digest))
         found = None if key is None or key.revoked_at is not None else \
             Principal(key.id, key.tenant, frozenset(key.scopes))
-    if len(_key_cache) > 10_000:
-        _key_cache.clear()
+    if found is None:
+        _key_cache.pop(digest, None)
+        _unknown[digest] = now + KEY_CACHE_SECONDS
+        _unknown.move_to_end(digest)
+        while len(_unknown) > KEY_CACHE_LIMIT:
+            _unknown.popitem(last=False)
+        return None
+    if len(_key_cache) >= KEY_CACHE_LIMIT:  # real keys only; expired ones go first
+        for stale in [d for d, (expiry, _) in _key_cache.items() if expiry <= now]:
+            del _key_cache[stale]
     _key_cache[digest] = (now + KEY_CACHE_SECONDS, found)
     return found
 
@@ -113,9 +136,9 @@ async def principal(request: Request) -> Principal:
     scheme, _, token = request.headers.get("authorization", "").partition(" ")
     if scheme.lower() != "bearer" or not token.strip():
         raise Problem(401, "unauthenticated", "Unauthenticated", "send Authorization: Bearer <api key>")
-    hit = _key_cache.get(hash_key(token.strip()))
-    found = hit[1] if hit is not None and hit[0] > time.monotonic() else \
-        await anyio.to_thread.run_sync(lookup, token.strip())
+    known, found = cached(hash_key(token.strip()))
+    if not known:
+        found = await anyio.to_thread.run_sync(lookup, token.strip())
     if found is None:
         raise Problem(401, "unauthenticated", "Unauthenticated", "unknown or revoked API key")
     return found

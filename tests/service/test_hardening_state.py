@@ -118,6 +118,18 @@ def test_the_head_holds_every_erasure_and_an_ensemble_with_an_older_version_is_n
 
 # --- keys ----------------------------------------------------------------------------------------------
 
+def test_a_flood_of_unknown_keys_neither_evicts_known_ones_nor_grows_the_cache(client, monkeypatch):
+    from service.api import auth as keys
+
+    monkeypatch.setattr(keys, "KEY_CACHE_LIMIT", 20)
+    assert keys.lookup(ADMIN_KEY) is not None
+    for i in range(60):
+        assert keys.lookup(f"lth_made_up_{i}") is None
+    assert keys.cached(keys.hash_key(ADMIN_KEY))[0]  # still known here: no query, no eviction
+    assert len(keys._unknown) == 20 and keys.cached(keys.hash_key("lth_made_up_59")) == (True, None)
+    assert client.get("/v1/models", headers={"Authorization": "Bearer lth_made_up_59"}).status_code == 401
+
+
 def test_keys_are_listed_revoked_at_once_and_tenant_admins_stay_in_their_tenant(client):
     from service.infra.tables import AuditEntry
 
