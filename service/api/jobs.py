@@ -23,7 +23,7 @@ from service.domain.subjects import record_subjects
 from service.infra.artifacts import artifact_store
 from service.infra.db import INJECTED, session_scope, transactional
 from service.infra.queue import enqueue
-from service.infra.tables import JOB_STATES, TERMINAL, Job, Model, utcnow
+from service.infra.tables import JOB_STATES, TERMINAL, ApiKey, Job, Model, utcnow
 from service.reports.html import render_report
 from service.settings import get_settings
 from worker.engine.chat import refuse_text
@@ -183,33 +183,57 @@ def report_html(job_id: str, who: Principal = Depends(require("jobs:read")), ses
     return HTMLResponse(render_report(job.report))
 
 
+MAX_STREAMS_PER_KEY = 16  # open event streams one API key may hold on one API process
+_streams: dict[str, int] = {}
+
+
 @router.get("/{job_id}/events")
 async def events(job_id: str, request: Request, who: Principal = Depends(require("jobs:read"))):
-    """Server-sent events: `state` on each state change, `progress` on each new progress, until terminal."""
+    """Server-sent events: `state` on each state change, `progress` on each new progress, until terminal. The key is
+    checked again on every poll (a revoked key's stream ends with an `error` event), and one key holds at most
+    MAX_STREAMS_PER_KEY streams (429 past it)."""
     def snapshot():
         with session_scope() as session:
+            key = session.get(ApiKey, who.key_id)
+            if key is None or key.revoked_at is not None:
+                return None
             return jsonable_encoder(job_view(get_job(session, who.tenant, job_id)))
 
+    if _streams.get(who.key_id, 0) >= MAX_STREAMS_PER_KEY:
+        raise Problem(429, "too-many-streams", "Too many event streams",
+                      f"this key holds {MAX_STREAMS_PER_KEY} open event streams, the most it may",
+                      headers={"Retry-After": "5"})
     first = await asyncio.to_thread(snapshot)  # a 404 before the stream starts
+    if first is None:
+        raise Problem(401, "unauthenticated", "Unauthenticated", "unknown or revoked API key")
+    _streams[who.key_id] = _streams.get(who.key_id, 0) + 1
 
     async def stream():
         view, last_state, last_progress, idle = first, None, None, 0.0
-        while True:
-            # Progress before state, so that a terminal state is the stream's last event.
-            if view["progress"] != last_progress:
-                yield f"event: progress\ndata: {json.dumps(view['progress'])}\n\n"
-                last_progress, idle = view["progress"], 0.0
-            if view["state"] != last_state:
-                yield f"event: state\ndata: {json.dumps(view)}\n\n"
-                last_state = view["state"]
-            if view["state"] in TERMINAL or await request.is_disconnected():
-                return
-            await asyncio.sleep(0.5)
-            idle += 0.5
-            if idle >= 15:
-                yield ": keep-alive\n\n"
-                idle = 0.0
-            view = await asyncio.to_thread(snapshot)
+        try:
+            while True:
+                if view is None:  # the key was revoked while the stream was open
+                    yield f"event: error\ndata: {json.dumps({'detail': 'the API key was revoked'})}\n\n"
+                    return
+                # Progress before state, so that a terminal state is the stream's last event.
+                if view["progress"] != last_progress:
+                    yield f"event: progress\ndata: {json.dumps(view['progress'])}\n\n"
+                    last_progress, idle = view["progress"], 0.0
+                if view["state"] != last_state:
+                    yield f"event: state\ndata: {json.dumps(view)}\n\n"
+                    last_state = view["state"]
+                if view["state"] in TERMINAL or await request.is_disconnected():
+                    return
+                await asyncio.sleep(0.5)
+                idle += 0.5
+                if idle >= 15:
+                    yield ": keep-alive\n\n"
+                    idle = 0.0
+                view = await asyncio.to_thread(snapshot)
+        finally:
+            _streams[who.key_id] -= 1
+            if not _streams[who.key_id]:
+                del _streams[who.key_id]
 
     return StreamingResponse(stream(), media_type="text/event-stream",
                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})

@@ -130,6 +130,38 @@ def test_a_flood_of_unknown_keys_neither_evicts_known_ones_nor_grows_the_cache(c
     assert client.get("/v1/models", headers={"Authorization": "Bearer lth_made_up_59"}).status_code == 401
 
 
+def test_an_event_stream_ends_when_its_key_is_revoked_and_streams_per_key_are_capped(client, registered_model,
+                                                                                       monkeypatch):
+    from service.api import jobs as job_api
+
+    job_id = make_job(registered_model["id"])  # QUEUED, never sent: its stream would run until the job ends
+    minted = client.post("/v1/api-keys", headers=auth(), json={"tenant": "default", "scopes": ["jobs:read"],
+                                                               "name": "streamer"}).json()
+    seen: list[str] = []
+
+    def follow():
+        with client.stream("GET", f"/v1/unlearning-jobs/{job_id}/events", headers=auth(minted["key"])) as stream:
+            seen.extend(line for line in stream.iter_lines() if line.startswith("event:"))
+
+    monkeypatch.setattr(job_api, "MAX_STREAMS_PER_KEY", 1)
+    follower = threading.Thread(target=follow, daemon=True)
+    follower.start()
+    try:
+        for _ in range(100):  # the stream is open once the process counts it
+            if job_api._streams.get(minted["id"]):
+                break
+            threading.Event().wait(0.05)
+        second = client.get(f"/v1/unlearning-jobs/{job_id}/events", headers=auth(minted["key"]))
+        assert second.status_code == 429 and second.json()["type"].endswith("too-many-streams")
+        assert client.delete(f"/v1/api-keys/{minted['id']}", headers=auth()).status_code == 200
+        follower.join(10)
+        assert not follower.is_alive(), "the stream outlived its key's revocation"
+        assert seen[-1] == "event: error" and minted["id"] not in job_api._streams
+    finally:
+        with session_scope() as session:
+            end_job(session.get(Job, job_id), "CANCELLED")
+
+
 def test_keys_are_listed_revoked_at_once_and_tenant_admins_stay_in_their_tenant(client):
     from service.infra.tables import AuditEntry
 
