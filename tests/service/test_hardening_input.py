@@ -125,6 +125,36 @@ def test_control_characters_surrogates_and_huge_values_are_refused(client, regis
     assert count(Job) == before
 
 
+def test_without_a_valid_key_a_body_is_refused_before_it_is_parsed_and_memory_stays_bounded(client, service_env):
+    import tracemalloc
+
+    from service.api.app import ANONYMOUS_BODY_BYTES
+
+    before = count(Job)
+    size = int(service_env["LETHE_MAX_BODY_BYTES"]) - 100  # under the limit a key allows: it was read and parsed
+    nested = b"[" + b"[[],[],[],[]]," * (size // 14) + b"[]]"  # nested empty lists: ~25x their size once parsed
+    tracemalloc.start()
+    try:
+        tracemalloc.reset_peak()
+        for headers in ({}, {"Authorization": "Bearer lth_made_up"}):
+            answer = client.post("/v1/unlearning-jobs", headers={**headers, "Content-Type": "application/json"},
+                                 content=nested)
+            assert answer.status_code == 401 and f"over {ANONYMOUS_BODY_BYTES} bytes" in answer.json()["detail"]
+        peak = tracemalloc.get_traced_memory()[1]  # the client's copies of the body included
+    finally:
+        tracemalloc.stop()
+    assert peak < 32 * 2**20, f"{peak / 2**20:.0f} MiB allocated at the peak"
+    assert count(Job) == before
+
+
+def test_a_body_of_too_many_lists_and_objects_is_413_before_it_is_parsed(client):
+    from service.api.app import MAX_CONTAINERS
+
+    answer = client.post("/v1/unlearning-jobs", headers={**auth(), "Content-Type": "application/json"},
+                         content=b"[" + b"[]," * (MAX_CONTAINERS + 1) + b"[]]")
+    assert answer.status_code == 413 and "lists and objects" in answer.json()["detail"]
+
+
 def test_a_chunked_body_over_the_limit_is_413(client, registered_model, service_env):
     limit = int(service_env["LETHE_MAX_BODY_BYTES"])
 
