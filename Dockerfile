@@ -27,4 +27,4 @@ RUN useradd --create-home --uid 1000 lethe && mkdir -p /data && chown lethe /dat
 USER lethe
 ENV LETHE_ARTIFACT_ROOT=/data/artifacts
 EXPOSE 8000
-CMD ["uvicorn", "service.api.app:app", "--host", "0.0.0.0", "--port", "8000", "--workers", "2"]
+CMD ["uvicorn", "service.api.app:app", "--host", "0.0.0.0", "--port", "8000", "--workers", "2", "--limit-concurrency", "200"]

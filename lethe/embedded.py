@@ -115,7 +115,8 @@ Demo model: {model_id}
         import uvicorn
 
         supervisor.start()
-        uvicorn.run("service.api.app:app", host=HOST, port=PORT, log_level="info")
+        # Past this many open connections and tasks uvicorn answers 503 instead of queueing without bound.
+        uvicorn.run("service.api.app:app", host=HOST, port=PORT, log_level="info", limit_concurrency=200)
     finally:
         supervisor.stop()
     return 0
