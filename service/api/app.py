@@ -82,7 +82,11 @@ async def _valid_key(header: bytes) -> bool:
         return False
     known, found = cached(hash_key(token.strip()))
     if not known:
-        found = await anyio.to_thread.run_sync(lookup, token.strip())
+        try:
+            found = await anyio.to_thread.run_sync(lookup, token.strip())
+        except Exception:  # the database unreachable: the small limit, and the app's own check answers
+            log.exception("API key lookup failed")
+            return False
     return found is not None
 
 
