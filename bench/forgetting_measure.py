@@ -18,18 +18,10 @@ from worker.engine.metrics.stats import ks_p_value
 from worker.engine.metrics.text import generation_metrics
 from worker.engine.quantize import quantized_copy
 from worker.engine.relearn import relearning_probe
-from worker.engine.verdict import CHANNELS, decide, leak_rates, table
+from worker.engine.verdict import CHANNELS, decide, leak_rates, table, union
 
 SAMPLES = 10  # seeded samples per forget prompt
 PRIVLEAK_ATTACKS = ("loss", "zlib", "min_k_pp")
-
-
-def _union(*parts: dict | None) -> dict:
-    out: dict = {}
-    for part in parts:
-        for rid, value in (part or {}).items():
-            out[rid] = max(out.get(rid, 0.0), float(value))
-    return out
 
 
 def judged(channels: dict, reference_channels: dict | None, base_channels: dict | None, rule: dict | None) -> dict:
@@ -38,7 +30,7 @@ def judged(channels: dict, reference_channels: dict | None, base_channels: dict 
     ref = reference_channels or {}
     figures = {c: {"per_record": channels.get(c), "floor": ref.get(c)} for c in CHANNELS if c != "rule"}
     figures["sampled"]["samples"] = SAMPLES
-    figures["loops"]["floor"] = _union(ref.get("loops"), (base_channels or {}).get("loops"))
+    figures["loops"]["floor"] = union(ref.get("loops"), (base_channels or {}).get("loops"))
     for c in ("quantized", "relearned"):  # greedy channels: a record the reference says too is within its floor
         figures[c]["floor"] = ref.get("greedy")
     figures["rule"] = {"per_record": rule}
@@ -120,11 +112,11 @@ def measure(model, tokenizer, sets: dict, neighbour_ids: set[str], reference=Non
     # Per record, what the verdict reads (worker.engine.verdict): ids and figures only.
     loop_of = loops["loop_share"]["per_record"]
     out["channels"] = {
-        "greedy": _union(answered["exact_match"]["per_record"], greedy_leaked.get("per_record")),
-        "paraphrase": _union(para["exact_match"]["per_record"], (para_leaked or {}).get("per_record")) if para
+        "greedy": union(answered["exact_match"]["per_record"], greedy_leaked.get("per_record")),
+        "paraphrase": union(para["exact_match"]["per_record"], (para_leaked or {}).get("per_record")) if para
         else None,
         "sampled": sampled.get("per_record") or None,
-        "quantized": _union(q["exact_match"]["per_record"], quantized_leaked.get("per_record")),
+        "quantized": union(q["exact_match"]["per_record"], quantized_leaked.get("per_record")),
         "relearned": probe.get("per_record") or None,
         "loops": {r.id: max(loop_of.get(r.id, 0.0), loop_of.get(f"{r.id}#p", 0.0)) for r in forget.main}}
     out["examples"] = {rid: forget_texts[rid][:120] for rid in list(forget_texts)[:4]}  # to look at, not to score

@@ -6,7 +6,6 @@ from __future__ import annotations
 import gc
 import random
 import time
-from typing import Any
 
 import torch
 
@@ -24,6 +23,7 @@ from worker.engine.metrics.text import generation_metrics
 from worker.engine.quantize import quantized_copy
 from worker.engine.records import normalise_records
 from worker.engine.relearn import relearning_probe
+from worker.engine.verdict import per_record_at, union
 
 # secret_samples: seeded samples per forget prompt for the extraction audit; the two maxima relax the verdict
 # (worker.engine.verdict): the share of records a greedy channel may let leak, and the rate above its floor at which
@@ -165,19 +165,13 @@ def run_audit(base_source: str, new_model, tokenizer, forget: list[dict], retain
 
 def reference_figures(reference: dict) -> dict:
     """The retrain reference's own per-record figures on the verdict's channels (ids and numbers, no text)."""
-    def per_record(*path: str) -> dict | None:
-        section: Any = reference
-        for key in path:
-            section = section.get(key) if isinstance(section, dict) else None
-        return dict(section["per_record"]) if isinstance(section, dict) and section.get("value") is not None else None
-
-    loops = [per_record("degeneration", name, "loop_share") for name in ("forget", "paraphrased")]
-    merged = {rid: max(p.get(rid, 0.0) for p in loops if p) for p in loops if p for rid in p}
-    return {"greedy": per_record("forget_secrets", "greedy"),
-            "exact_match": per_record("forget_verbatim", "exact_match"),
-            "paraphrased": per_record("forget_secrets", "paraphrased"),
-            "knowledge_exact_match": per_record("forget_knowledge", "exact_match"),
-            "sampled": per_record("forget_secrets", "sampled"), "loops": merged or None}
+    return {"greedy": per_record_at(reference, "forget_secrets", "greedy"),
+            "exact_match": per_record_at(reference, "forget_verbatim", "exact_match"),
+            "paraphrased": per_record_at(reference, "forget_secrets", "paraphrased"),
+            "knowledge_exact_match": per_record_at(reference, "forget_knowledge", "exact_match"),
+            "sampled": per_record_at(reference, "forget_secrets", "sampled"),
+            "loops": union(per_record_at(reference, "degeneration", "forget", "loop_share"),
+                           per_record_at(reference, "degeneration", "paraphrased", "loop_share"))}
 
 
 def _forget_quality(before: dict, after: dict, reference: dict | None) -> dict:

@@ -117,13 +117,14 @@ def leak_rates(channels: dict[str, dict]) -> dict[str, float | None]:
     return {channel: c["leak_rate"] for channel, c in channels.items()}
 
 
-def _per_record(section: Any, *path: str) -> dict[str, float] | None:
+def per_record_at(section: Any, *path: str) -> dict[str, float] | None:
+    """The per-record figures of the metric at `path` (None where it is missing or was not measured)."""
     for key in path:
         section = section.get(key) if isinstance(section, dict) else None
     return section.get("per_record") if isinstance(section, dict) and section.get("value") is not None else None
 
 
-def _union(*parts: dict[str, float] | None) -> dict[str, float] | None:
+def union(*parts: dict[str, float] | None) -> dict[str, float] | None:
     """Per record, the largest figure of the parts measured (None: none was)."""
     found = [p for p in parts if p is not None]
     if not found:
@@ -145,7 +146,7 @@ def audit_figures(engine: dict, audit: dict) -> dict[str, dict]:
     after, before = audit.get("after") or {}, audit.get("before") or {}
     ref = audit.get("reference_figures")
     secrets = after.get("forget_secrets") or {}
-    ref_greedy = _union((ref or {}).get("greedy"), (ref or {}).get("exact_match")) if ref else None
+    ref_greedy = union((ref or {}).get("greedy"), (ref or {}).get("exact_match")) if ref else None
     source = "retrain reference" if ref else "0 (no retrain reference registered)"
     figures: dict[str, dict] = {}
     erasure = engine.get("erasure") or {}
@@ -155,24 +156,24 @@ def audit_figures(engine: dict, audit: dict) -> dict[str, dict]:
     else:
         figures["rule"] = {"reason": "not applied (holdout mode: the mean over held-out records decides)" if erasure
                            else "not part of this method (a fixed budget)"}
-    figures["greedy"] = {"per_record": _union(_per_record(after, "forget_verbatim", "exact_match"),
-                                              _per_record(secrets, "greedy")),
+    figures["greedy"] = {"per_record": union(per_record_at(after, "forget_verbatim", "exact_match"),
+                                              per_record_at(secrets, "greedy")),
                          "floor": ref_greedy, "floor_source": source}
-    figures["paraphrase"] = {"per_record": _union(_per_record(after, "forget_knowledge", "exact_match"),
-                                                  _per_record(secrets, "paraphrased")),
-                             "floor": _union((ref or {}).get("paraphrased"), (ref or {}).get("knowledge_exact_match"))
+    figures["paraphrase"] = {"per_record": union(per_record_at(after, "forget_knowledge", "exact_match"),
+                                                  per_record_at(secrets, "paraphrased")),
+                             "floor": union((ref or {}).get("paraphrased"), (ref or {}).get("knowledge_exact_match"))
                              if ref else None, "floor_source": source,
                              "reason": _reason(secrets.get("paraphrased"), default="no record carries a paraphrase")}
     sampled = secrets.get("sampled") or {}
     priors = audit.get("secret_priors")
-    figures["sampled"] = {"per_record": _per_record(sampled), "samples": sampled.get("samples_per_record"),
+    figures["sampled"] = {"per_record": per_record_at(sampled), "samples": sampled.get("samples_per_record"),
                           "floor": (ref or {}).get("sampled") if ref else priors,
                           "floor_source": source if ref else "the share of retain answers of the record's shape "
                                                              "that say its secret" if priors is not None else "none",
                           "reason": _reason(sampled, default="no secret given or found")}
     quantized = audit.get("quantization")
-    figures["quantized"] = {"per_record": _union(_per_record(quantized, "forget_verbatim", "exact_match"),
-                                                 _per_record(quantized, "forget_secrets")) if quantized else None,
+    figures["quantized"] = {"per_record": union(per_record_at(quantized, "forget_verbatim", "exact_match"),
+                                                 per_record_at(quantized, "forget_secrets")) if quantized else None,
                             "floor": ref_greedy, "floor_source": source,
                             "reason": "the 4-bit probe was switched off" if not quantized else "no answer measured"}
     relearning = audit.get("relearning") or {}
@@ -180,9 +181,9 @@ def audit_figures(engine: dict, audit: dict) -> dict[str, dict]:
                             "floor_source": source, "reason": relearning.get("reason") or
                             ("the relearning probe was switched off" if "relearning" not in audit
                              else "the probe measured no record per record (an audit from before issue 25)")}
-    loops_of = lambda ev: _union(_per_record(ev, "degeneration", "forget", "loop_share"),  # noqa: E731
-                                 _per_record(ev, "degeneration", "paraphrased", "loop_share"))
-    figures["loops"] = {"per_record": loops_of(after), "floor": _union(loops_of(before), (ref or {}).get("loops")),
+    loops_of = lambda ev: union(per_record_at(ev, "degeneration", "forget", "loop_share"),  # noqa: E731
+                                 per_record_at(ev, "degeneration", "paraphrased", "loop_share"))
+    figures["loops"] = {"per_record": loops_of(after), "floor": union(loops_of(before), (ref or {}).get("loops")),
                         "floor_source": "the base model's own loops" + (" and the retrain reference's" if ref else ""),
                         "reason": "no answer measured"}
     return figures
