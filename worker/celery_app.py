@@ -1,8 +1,15 @@
 """The Celery worker: `celery -A worker.celery_app worker -Q gpu -c 1 --pool prefork`. CUDA is never
 touched before the fork: the engine (and torch) load in the pool child, where CUDA may start."""
-from celery.signals import worker_process_init, worker_process_shutdown
+import os
 
-from service.infra.queue import RUN_JOB, get_celery
+# The worker reads models from the artifact store only: nothing is fetched from the Hub on a model's behalf
+# (issue 26). Set before transformers or huggingface_hub is imported, which read these once.
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ["TRANSFORMERS_OFFLINE"] = "1"
+
+from celery.signals import worker_process_init, worker_process_shutdown  # noqa: E402
+
+from service.infra.queue import RUN_JOB, get_celery  # noqa: E402
 
 app = get_celery()
 

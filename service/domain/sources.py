@@ -17,6 +17,8 @@ from pathlib import Path
 from service.domain.errors import Problem, invalid
 from service.infra.artifacts import ArtifactStore, safe_relative, url_to_fs
 from service.settings import Settings
+from worker.engine.errors import EngineInputError
+from worker.engine.model_files import MAX_CONFIG_BYTES, check_model_files
 
 BUCKET = re.compile(r"^s3://([a-z0-9][a-z0-9.\-]{1,61}[a-z0-9])(/.*)?$")
 
@@ -116,10 +118,21 @@ def _local_files(directory: Path, root: Path) -> list[tuple]:
 
 
 def _check_files(settings: Settings, files: list[tuple], source: str) -> None:
-    """Before copying: a from_pretrained directory (config.json at its top) of a size the operator allows."""
+    """Before copying: a from_pretrained directory (config.json at its top) of a size the operator allows, whose
+    JSON names no file outside it and no code (worker.engine.model_files)."""
     if not any(rel == "config.json" for rel, _, _ in files):
         raise invalid(f"source {source!r} has no config.json: not a from_pretrained directory", "source")
     total = sum(size for _, size, _ in files)
     if total > settings.max_source_bytes:
         raise invalid(f"source {source!r} holds {total} bytes, over this service's limit of "
                       f"{settings.max_source_bytes} (LETHE_MAX_SOURCE_BYTES)", "source")
+    openers = {rel: opener for rel, _, opener in files}
+
+    def read(name: str) -> bytes:
+        with openers[name]() as f:
+            return f.read(MAX_CONFIG_BYTES + 1)
+
+    try:  # the files are data, never directions: nothing in them may point outside the folder or name code
+        check_model_files(openers, read, field="source")
+    except EngineInputError as exc:
+        raise invalid(f"source {source!r}: {exc}", "source") from None

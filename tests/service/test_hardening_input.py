@@ -66,6 +66,35 @@ def test_a_link_out_of_the_import_root_is_refused_and_one_inside_followed(client
     assert config["size"] == (cached / "blobs" / "abc123").stat().st_size
 
 
+def test_model_files_that_point_elsewhere_or_name_code_are_refused_at_registration(client, fixture_model,
+                                                                                    tmp_path):
+    """Issue 26: a checkpoint's JSON is read before a byte is copied; each vector answers 422 naming file and key."""
+    other = "/some/other/tenant/model.safetensors"
+    cases = [
+        ("model.safetensors.index.json", {"metadata": {}, "weight_map": {"w": other}}, "key weight_map['w']"),
+        ("model.safetensors.index.json", {"metadata": {}, "weight_map": {"w": "../v1/model.safetensors"}},
+         "key weight_map['w']"),
+        ("config.json", {"auto_map": {"AutoModelForCausalLM": "x--y.Z"}}, "config.json, key auto_map"),
+        ("tokenizer_config.json", {"auto_map": {"AutoTokenizer": ["x--y.T", None]}},
+         "tokenizer_config.json, key auto_map"),
+        ("tokenizer_config.json", {"tokenizer_file": "/etc/hostname"}, "tokenizer_config.json, key tokenizer_file"),
+        ("adapter_config.json", {"base_model_name_or_path": "/srv/models/secret"},
+         "adapter_config.json, key base_model_name_or_path"),
+    ]
+    before = count(Model)
+    for i, (name, content, words) in enumerate(cases):
+        folder = tmp_path / f"case{i}"
+        shutil.copytree(fixture_model, folder)
+        path = folder / name
+        merged = json.loads(path.read_text()) if path.exists() else {}
+        merged.update(content)
+        path.write_text(json.dumps(merged))
+        answer = register(client, str(folder))
+        assert answer.status_code == 422 and answer.headers["content-type"] == PROBLEM, (name, answer.text)
+        assert words in answer.json()["detail"], (name, answer.text)
+    assert count(Model) == before
+
+
 def test_the_store_refuses_paths_that_leave_the_version_folder(tmp_path):
     for bad in ("../escaped.txt", "/etc/passwd", "a/../../b", "..", ""):
         with pytest.raises(ValueError):

@@ -12,6 +12,7 @@ from transformers.pytorch_utils import Conv1D
 from transformers.utils import logging as hf_logging
 
 from worker.engine.errors import EngineInputError
+from worker.engine.model_files import check_model_folder
 from worker.engine.targets import ModuleInfo, Shape, block_index, resolve_targets, shape_from_config, suffixes
 
 
@@ -33,14 +34,24 @@ def autocast(device: torch.device):
 
 
 def local_source(source: str | os.PathLike) -> str:
-    """A local directory as an absolute path (checked to exist), or a hub id unchanged."""
+    """A local directory as an absolute path (checked to exist, and its files to point nowhere else), or a hub id
+    unchanged."""
     source = str(source)
-    looks_local = source.startswith((".", "/", "~")) or Path(source).exists()
-    if looks_local:
+    if is_local(source):
         if not Path(source).expanduser().is_dir():
             raise EngineInputError(f"model {source!r}: no such directory", field="model")
         source = str(Path(source).expanduser())
+        check_model_folder(source)
     return source
+
+
+def is_local(source: str) -> bool:
+    return source.startswith((".", "/", "~")) or Path(source).exists()
+
+
+def _fetch_options(source: str) -> dict:
+    """A local folder is read from itself only: no Hub lookups on its behalf; no model's own code runs anywhere."""
+    return {"trust_remote_code": False, **({"local_files_only": True} if is_local(source) else {})}
 
 
 @contextlib.contextmanager
@@ -57,7 +68,7 @@ def load_tokenizer(source: str | os.PathLike):
     """The tokenizer through from_pretrained, with an EOS token and a pad token."""
     source = local_source(source)
     with loadable(source):
-        tokenizer = AutoTokenizer.from_pretrained(source)
+        tokenizer = AutoTokenizer.from_pretrained(source, **_fetch_options(source))
     if tokenizer.eos_token_id is None:
         raise EngineInputError(f"model {source!r}: the tokenizer has no EOS token", field="model")
     if tokenizer.pad_token_id is None:
@@ -72,8 +83,8 @@ def load_weights(source: str | os.PathLike, device: torch.device, dtype: torch.d
     source = local_source(source)
     hf_logging.disable_progress_bar()  # callers show their own progress; stderr stays for errors
     with loadable(source):
-        model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, **({"device_map": device_map}
-                                                                              if device_map else {}))
+        placement = {"device_map": device_map} if device_map else {}
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, **_fetch_options(source), **placement)
     if not device_map:
         model.to(device)  # type: ignore[arg-type]  # transformers types .to() for its own wrappers
     # Dropout stays off throughout: pi_0 must be exact and the stop rule's V deterministic.
@@ -90,8 +101,9 @@ def load_model(source: str | os.PathLike, device: torch.device, dtype: torch.dty
 def load_config(source: str | os.PathLike):
     from transformers import AutoConfig
 
-    with loadable(str(source)):
-        return AutoConfig.from_pretrained(local_source(source))
+    source = local_source(source)
+    with loadable(source):
+        return AutoConfig.from_pretrained(source, **_fetch_options(source))
 
 
 def context_length(model, tokenizer, requested: int = 0) -> int:
