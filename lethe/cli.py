@@ -342,6 +342,7 @@ def subject(subject_id: str, as_json: JsonFlag = False) -> None:
     lines = [f"{r['request_id']}: {r['state']}" + (f", version {r['version']}" if r["version"] else "")
              for r in found["requests"]]
     lines += [f"model {m['name']}: erased={m['erased']}, stop serving versions {m['versions_predating_erasure']}"
+              f" (retired {m.get('versions_predating_retired', [])}, purged {m.get('versions_predating_purged', [])})"
               for m in found["models"]]
     out(found, as_json, "\n".join(lines) or f"no request named {subject_id!r}")
 
@@ -375,7 +376,41 @@ def models_versions(model: str, as_json: JsonFlag = False) -> None:
     with answered():
         found = client.versions(client.model(model).id)
     out([dump(v) for v in found], as_json, "\n".join(
-        f"v{v.number}  parent {v.parent}  erased {len(v.erased_request_ids)}  {' '.join(v.tags)}" for v in found))
+        f"v{v.number}  parent {v.parent}  erased {len(v.erased_request_ids)}  {v.state}  {' '.join(v.tags)}"
+        for v in found))
+
+
+@models_app.command("retire")
+def models_retire(model: str, version: int, as_json: JsonFlag = False) -> None:
+    """Stop serving a version: its downloads answer 410 Gone; files, lineage and audit stay. Not the head."""
+    client = connect()
+    with answered():
+        found = client.retire(client.model(model).id, version)
+    out(dump(found), as_json, f"v{found.number}  {found.state}  retired at {found.retired_at}")
+
+
+@models_app.command("purge")
+def models_purge(model: str, version: int,
+                 yes: Annotated[bool, typer.Option("--yes", help="confirm: the files cannot be brought back")] = False,
+                 as_json: JsonFlag = False) -> None:
+    """Delete a version's files (its manifest of sha256 hashes, lineage and audit stay). Not the head."""
+    if not yes:
+        raise fail("purge deletes the version's files for good: add --yes to confirm", 2)
+    client = connect()
+    with answered():
+        found = client.purge(client.model(model).id, version)
+    out(dump(found), as_json, f"v{found.number}  {found.state}  purged at {found.purged_at}")
+
+
+@models_app.command("settings")
+def models_settings(model: str, retire_predecessors: Annotated[bool, typer.Option(
+        "--retire-predecessors/--keep-predecessors",
+        help="once an erasure succeeds, retire the served versions that lack it")], as_json: JsonFlag = False) -> None:
+    """Change a model's settings."""
+    client = connect()
+    with answered():
+        found = client.update_model(client.model(model).id, retire_predecessors=retire_predecessors)
+    out(dump(found), as_json, f"{found.name}: retire_predecessors={found.retire_predecessors}")
 
 
 def main() -> None:

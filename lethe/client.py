@@ -107,8 +107,10 @@ class Client:
     # --- models and versions ------------------------------------------------------------------------------
 
     def register_model(self, name: str, source: str, *, retain: list[dict] | None = None,
-                       description: str | None = None, format: str = "plain") -> Model:
-        body = {"name": name, "source": source, "retain": retain, "description": description, "format": format}
+                       description: str | None = None, format: str = "plain",
+                       retire_predecessors: bool = False) -> Model:
+        body = {"name": name, "source": source, "retain": retain, "description": description, "format": format,
+                "retire_predecessors": retire_predecessors}
         return Model.model_validate(self._json("POST", "/v1/models", json={k: v for k, v in body.items()
                                                                             if v is not None},
                                                headers={"Idempotency-Key": idempotency_key("model:" + name)}))
@@ -130,6 +132,18 @@ class Client:
 
     def version(self, model_id: str, number: int | str = "latest") -> Version:
         return Version.model_validate(self._json("GET", f"/v1/models/{model_id}/versions/{number}"))
+
+    def update_model(self, model_id: str, *, retire_predecessors: bool) -> Model:
+        return Model.model_validate(self._json("PATCH", f"/v1/models/{model_id}",
+                                               json={"retire_predecessors": retire_predecessors}))
+
+    def retire(self, model_id: str, number: int) -> Version:
+        """Stop serving a version (downloads answer 410); its files stay stored. Not the head."""
+        return Version.model_validate(self._json("POST", f"/v1/models/{model_id}/versions/{number}:retire"))
+
+    def purge(self, model_id: str, number: int) -> Version:
+        """Delete a version's files; its manifest, lineage and audit stay. Not the head; cannot be undone."""
+        return Version.model_validate(self._json("POST", f"/v1/models/{model_id}/versions/{number}:purge"))
 
     def manifest(self, model_id: str, number: int | str) -> list[ManifestFile]:
         files = self._json("GET", f"/v1/models/{model_id}/versions/{number}/files")["files"]

@@ -23,6 +23,7 @@ class Model(Typed):
     retain_count: int
     latest_version: int | None
     created_at: datetime
+    retire_predecessors: bool = False
 
 
 class Version(Typed):
@@ -37,6 +38,8 @@ class Version(Typed):
     erased_request_ids: list[str]
     tags: list[str]
     created_at: datetime
+    retired_at: datetime | None = None
+    purged_at: datetime | None = None
 
 
 class Progress(Typed):
@@ -55,6 +58,8 @@ class JobResult(Typed):
     wall_seconds: float | None = None
     connectivity: list[str] | None = None
     ensemble_version: int | None = None
+    retired_versions: list[int] | None = None
+    retain_records_pruned: int | None = None
 
 
 class Job(Typed):

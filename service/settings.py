@@ -44,6 +44,9 @@ class Settings(BaseSettings):
     lease_seconds: float = 60.0  # a job whose worker is silent this long is taken over
     heartbeat_seconds: float = 2.0
     sweep_seconds: float = 10.0  # how often QUEUED and orphaned jobs are re-sent to the queue
+    # How long a report keeps the answers quoted as examples (requested with audit.examples); then each is replaced by
+    # its sha256 (service.reports.examples). 30 days.
+    examples_retention_seconds: float = 30 * 86400.0
     visibility_timeout: int = 12 * 3600  # above the longest job (Redis redelivers unacked messages after it)
     device: str = "auto"
     queue: str = "gpu"

@@ -10,8 +10,10 @@ from pathlib import Path
 
 from service.domain import audit_log, connectivity
 from service.domain.errors import Problem
-from service.domain.jobs import acquire_lease, end_job, fail_exhausted, still_ours
+from service.domain.jobs import acquire_lease, end_job, fail_exhausted, prune_model_retain, still_ours
 from service.domain.lineage import add_version, get_model, get_version, lock_model, missing_erasures
+from service.domain.retention import examples_until
+from service.domain.retirement import retire_predecessors
 from service.infra.artifacts import ArtifactStore, artifact_store
 from service.infra.db import session_scope
 from service.infra.queue import enqueue
@@ -20,7 +22,7 @@ from service.reports.evidence import build_report
 from service.settings import Settings, get_settings
 from worker.curves import execute_connectivity, measure_curves, record_curves
 from worker.engine.errors import EngineInputError
-from worker.work import LeaseKeeper, Work, model_busy, predates, read_work, while_ours
+from worker.work import READABLE, LeaseKeeper, Work, model_busy, predates, read_work, while_ours
 
 log = logging.getLogger("lethe.worker")
 
@@ -203,7 +205,7 @@ def _finish_owned(session, job: Job, keeper: LeaseKeeper, result: dict, location
         end_job(job, "CANCELLED", result=_summary(None, "cancelled", result["steps"], result["wall_seconds"]), **ours)
         return "cancelled"
     model = get_model(session, job.tenant, job.model_id)
-    parent = get_version(session, model, job.base_version)
+    parent = get_version(session, model, job.base_version, READABLE)
     existing = session.query(ModelVersion).filter_by(job_id=job.id).one_or_none()
     if existing is None:
         lock_model(session, model.id)
@@ -213,6 +215,8 @@ def _finish_owned(session, job: Job, keeper: LeaseKeeper, result: dict, location
             return "failed: base version predates erasures"
     version = existing or add_version(session, model, location=location, manifest=manifest, parent=parent,
                                       job_id=job.id, request_id=job.request_id)
+    pruned = prune_model_retain(session, model, job.forget_records or [], job.request_id) if existing is None else 0
+    retired = retire_predecessors(session, model) if existing is None else []
     rows = record_curves(session, job, curves, version.number, version) if curves else []
     mcu = None
     if job.mcu_options:
@@ -225,7 +229,12 @@ def _finish_owned(session, job: Job, keeper: LeaseKeeper, result: dict, location
     # chain cut back or rewritten (POST /v1/audit-log/verify).
     job.report = {**job.report, "audit_checkpoint": audit_log.checkpoint(
         session, audit_log.signing_key(get_settings()))}
+    job.examples_until = examples_until(job.report, get_settings().examples_retention_seconds, utcnow())
     summary = _summary(version.number, result["stop_reason"], result["steps"], result["wall_seconds"])
+    if retired:
+        summary["retired_versions"] = retired
+    if pruned:
+        summary["retain_records_pruned"] = pruned
     if job.mcu_options:
         ensembles = [r.ensemble["version"] for r in rows if r.ensemble]
         summary.update(connectivity=[r.id for r in rows], ensemble_version=ensembles[0] if ensembles else None)

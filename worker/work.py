@@ -12,7 +12,16 @@ from sqlalchemy.orm import Session
 
 from service.domain.errors import Problem, invalid
 from service.domain.jobs import StateChanged, end_job, heartbeat, log_state, owned_job
-from service.domain.lineage import get_model, get_version, lock_model, missing_erasures
+from service.domain.lineage import (
+    PURGED,
+    RETIRED,
+    SERVED,
+    find_version,
+    get_model,
+    get_version,
+    lock_model,
+    missing_erasures,
+)
 from service.infra.db import session_scope
 from service.infra.tables import TERMINAL, Job, Model, ModelVersion, RetrainReference
 from service.settings import get_settings
@@ -118,12 +127,15 @@ def read_work(session: Session, job: Job) -> Work | None:
         RetrainReference.forget_manifest_sha256 == job.forget_evidence["manifest_sha256"]))
     work.holdout, work.audit_options = job.holdout_records or [], job.audit_options or {}
     work.base, work.parent = base.location, base.number
-    work.reference = get_version(session, model, reference.version_number).location if reference else None
+    work.reference = _reference_location(session, model, reference)
     work.card = dict(model=model.name, source=model.source, parent=base.number, job=job.id,
                      erased=[*base.erased_request_ids, job.request_id])
     if job.mcu_options:
         work.curves_from = version_dirs(session, model, job.mcu_options["against"])
     return work
+
+
+READABLE = (SERVED, RETIRED)  # a worker reads a retired version's files (still stored); a purged one has none
 
 
 def model_busy(session: Session, job_id: str) -> str | None:
@@ -150,7 +162,7 @@ def start_version(session: Session, model: Model, job: Job) -> ModelVersion | No
             job.base_version = base.number
             log_state(job, {"base_version": base.number, "reason": "the head moved since submission"})
         return base
-    base = get_version(session, model, job.base_version)
+    base = get_version(session, model, job.base_version, READABLE)
     if missing := missing_erasures(session, base):
         end_job(job, "FAILED", error=predates(base.number, missing, "still holds data erased since this job was "
                                               "submitted; submit again without a version to start from the head"))
@@ -160,6 +172,15 @@ def start_version(session: Session, model: Model, job: Job) -> ModelVersion | No
 
 def version_dirs(session: Session, model: Model, numbers: list[int]) -> dict[int, str]:
     """Store locations of the named versions."""
-    return {n: get_version(session, model, n).location for n in numbers}
+    return {n: get_version(session, model, n, READABLE).location for n in numbers}
+
+
+def _reference_location(session: Session, model: Model, reference: RetrainReference | None) -> str | None:
+    """The retrain reference's files; None where there is none or its files were purged (the audit then has no
+    reference, as for a model without one)."""
+    if reference is None:
+        return None
+    version = find_version(session, model, reference.version_number)
+    return None if version.state == PURGED else version.location
 
 

@@ -18,7 +18,7 @@ from service.api.schemas import CurveOptions, JobCreate, JobOut, Page
 from service.domain import capacity, connectivity, lineage
 from service.domain.checkpoints import check_chat_template, check_targets
 from service.domain.errors import Problem, invalid, not_found
-from service.domain.jobs import check_quota, get_job, job_view, log_state, new_job, request_cancel
+from service.domain.jobs import check_quota, get_job, job_view, log_state, new_job, request_cancel, without_forget
 from service.domain.subjects import record_subjects
 from service.infra.artifacts import artifact_store
 from service.infra.db import INJECTED, session_scope, transactional
@@ -102,17 +102,22 @@ def submit(body: JobCreate, request: Request, who: Principal = Depends(require("
         if body.mcu is not None:
             mcu = {**body.mcu.model_dump(), "against": connectivity.resolve_against(session, model, version.number,
                                                                                     body.mcu.against)}
+        # A record being erased is never also trained to be kept, nor held out as unseen data.
+        retain, retain_removed = without_forget(retain if retain is not None else model.retain_records, forget)
+        holdout, holdout_removed = without_forget(holdout, forget)
         job = new_job(who.tenant, model, spec, request_id=body.request_id, base_version=version.number,
                       follows_head=body.version is None, requested=body.params, forget=forget,
-                      retain=retain if retain is not None else model.retain_records, holdout=holdout,
+                      retain=retain, holdout=holdout,
                       audit_options=body.audit.model_dump() if body.audit else None, mcu_options=mcu,
                       max_attempts=settings.max_attempts)
         job.queue = queue
         session.add(job)
         session.flush()
         subjects = record_subjects(session, job, body.subjects or [])
+        removed = {k: n for k, n in (("retain_removed", retain_removed), ("holdout_removed", holdout_removed)) if n}
         log_state(job, {"base_version": job.base_version, "forget": job.forget_evidence["manifest_sha256"],
-                        "count": job.forget_evidence["count"], **({"subjects_sha256": subjects} if subjects else {})})
+                        "count": job.forget_evidence["count"], **removed,
+                        **({"subjects_sha256": subjects} if subjects else {})})
         return 202, job_view(job), f"/v1/unlearning-jobs/{job.id}"
 
     return idempotent(session, who, request, idempotency_key, body.model_dump(mode="json"), create, after_commit=send)

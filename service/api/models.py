@@ -12,8 +12,8 @@ from sqlalchemy.orm import Session
 from service.api.auth import Principal, require
 from service.api.idempotency import idempotent
 from service.api.pagination import paginate
-from service.api.schemas import MAX_VERSION, ModelCreate, ModelOut, Page, VersionOut
-from service.domain import lineage
+from service.api.schemas import MAX_VERSION, ModelCreate, ModelOut, ModelUpdate, Page, VersionOut
+from service.domain import audit_log, lineage, retirement
 from service.domain.checkpoints import check_chat_template
 from service.domain.errors import Problem, invalid, not_found
 from service.domain.sources import copy_source
@@ -36,7 +36,7 @@ def model_out(session: Session, model: Model) -> dict:
     """A model as the API shows it: its retain set by count, its head version by number."""
     return {"id": model.id, "name": model.name, "source": model.source, "format": model.format,
             "description": model.description,
-            "retain_count": len(model.retain_records or []),
+            "retain_count": len(model.retain_records or []), "retire_predecessors": model.retire_predecessors,
             "latest_version": getattr(lineage.head_version(session, model), "number", None),
             "created_at": model.created_at}
 
@@ -46,7 +46,7 @@ def version_out(v: ModelVersion) -> dict:
     return {"model_id": v.model_id, "number": v.number, "parent": v.parent_number, "job_id": v.job_id,
             "state": v.state, "manifest_sha256": v.manifest_sha256, "files": len(v.manifest),
             "size_bytes": sum(f["size"] for f in v.manifest), "erased_request_ids": v.erased_request_ids,
-            "tags": v.tags, "created_at": v.created_at}
+            "tags": v.tags, "created_at": v.created_at, "retired_at": v.retired_at, "purged_at": v.purged_at}
 
 
 @router.post("", status_code=201, response_model=ModelOut)
@@ -60,7 +60,8 @@ def create_model(body: ModelCreate, request: Request, who: Principal = Depends(r
         if session.scalar(select(Model).where(Model.tenant == who.tenant, Model.name == body.name)):
             raise Problem(409, "conflict", "Conflict", f"a model named {body.name!r} exists")
         model = Model(id=new_id("mdl"), tenant=who.tenant, name=body.name, source=body.source,
-                      description=body.description, retain_records=retain, format=check_format(body.format))
+                      description=body.description, retain_records=retain, format=check_format(body.format),
+                      retire_predecessors=body.retire_predecessors)
         location = f"models/{model.id}/v1"
         artifacts = store()
         try:
@@ -109,29 +110,70 @@ def list_versions(model_id: str, who: Principal = Depends(require("jobs:read")),
 VERSION_NUMBER = re.compile(r"[1-9][0-9]{0,8}")  # up to MAX_VERSION
 
 
-def _version(session, who, model_id, number: str) -> ModelVersion:
-    """A version by number, or the alias `latest` (the head: the newest version holding every erasure)."""
+def _version(session, who, model_id, number: str, served: bool = True) -> ModelVersion:
+    """A version by number, or the alias `latest` (the head: the newest version holding every erasure). `served`:
+    one whose files are served (410 Gone for a retired or purged one); else in any state."""
     if number != "latest" and not VERSION_NUMBER.fullmatch(number):  # ASCII digits only: "²" and "١" are not 2 and 1
         raise invalid(f"version {number!r}: expected a number from 1 to {MAX_VERSION} or 'latest'", "number")
-    return lineage.get_version(session, lineage.get_model(session, who.tenant, model_id),
-                                None if number == "latest" else int(number))
+    model = lineage.get_model(session, who.tenant, model_id)
+    if number == "latest" or served:
+        return lineage.get_version(session, model, None if number == "latest" else int(number))
+    return lineage.find_version(session, model, int(number))
+
+
+@router.patch("/{model_id}", response_model=ModelOut)
+@transactional
+def update_model(model_id: str, body: ModelUpdate, who: Principal = Depends(require("models:write")),
+                 session: Session = INJECTED):
+    """Change a model's settings (today: retire_predecessors); audited."""
+    model = lineage.get_model(session, who.tenant, model_id)
+    if body.retire_predecessors is not None and body.retire_predecessors != model.retire_predecessors:
+        model.retire_predecessors = body.retire_predecessors
+        audit_log.append(session, who.tenant, "model.updated", model.id,
+                         {"retire_predecessors": body.retire_predecessors})
+    return model_out(session, model)
 
 
 @router.get("/{model_id}/versions/{number}", response_model=VersionOut)
 @transactional
 def read_version(model_id: str, number: str, who: Principal = Depends(require("jobs:read")),
                  session: Session = INJECTED):
-    """One version, by number or `latest` (the head: the newest version that holds every erasure)."""
-    return version_out(_version(session, who, model_id, number))
+    """One version, by number (in any state: served, retired or purged) or `latest` (the head: the newest version
+    that holds every erasure)."""
+    return version_out(_version(session, who, model_id, number, served=False))
+
+
+@router.post("/{model_id}/versions/{number}:retire", response_model=VersionOut)
+@transactional
+def retire_version(model_id: str, number: str, who: Principal = Depends(require("models:write")),
+                   session: Session = INJECTED):
+    """Stop serving a version: its downloads answer 410 Gone from now on; its files stay stored, its lineage, manifest
+    and audit stay readable. Not the head (409). Audited and announced (version.retired). Again: no change."""
+    version = _version(session, who, model_id, number, served=False)
+    retirement.retire(session, lineage.get_model(session, who.tenant, model_id), version)
+    return version_out(version)
+
+
+@router.post("/{model_id}/versions/{number}:purge", response_model=VersionOut)
+@transactional
+def purge_version(model_id: str, number: str, who: Principal = Depends(require("models:write")),
+                  session: Session = INJECTED):
+    """Delete a version's files (retiring it first): downloads answer 410 Gone, the manifest (each file's sha256),
+    lineage and audit stay. Not the head, nor a version a job not yet ended reads (409). Audited and announced
+    (version.purged). Cannot be undone."""
+    version = _version(session, who, model_id, number, served=False)
+    retirement.purge(session, store(), lineage.get_model(session, who.tenant, model_id), version)
+    return version_out(version)
 
 
 @router.get("/{model_id}/versions/{number}/files")
 @transactional
 def list_files(model_id: str, number: str, who: Principal = Depends(require("artifacts:read")),
                session: Session = INJECTED):
-    """A version's manifest: every file with its size and sha256."""
-    v = _version(session, who, model_id, number)
-    return {"manifest_sha256": v.manifest_sha256, "files": v.manifest}
+    """A version's manifest: every file with its size and sha256 (kept after a purge; `state` says whether the files
+    are still served)."""
+    v = _version(session, who, model_id, number, served=False)
+    return {"manifest_sha256": v.manifest_sha256, "state": v.state, "files": v.manifest}
 
 
 # ASCII digits only; a position of more than 19 digits lies past any file (parsed as HUGE, never as an int of

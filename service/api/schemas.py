@@ -47,6 +47,13 @@ class ModelCreate(Strict):
     format: str = Field(default="plain", max_length=16, json_schema_extra={"enum": list(FORMATS)}, description=(
         "how its jobs show records to the model unless a job says otherwise: \"plain\" (prompt + completion as "
         "one string) or \"chat\" (its tokenizer's chat template, user and assistant turns)"))
+    retire_predecessors: bool = Field(default=False, description=(
+        "once an erasure succeeds, retire every served version that lacks an erasure done on the model (their "
+        "downloads answer 410 Gone)"))
+
+
+class ModelUpdate(Strict):
+    retire_predecessors: bool | None = Field(default=None, description="see ModelCreate.retire_predecessors")
 
 
 class ModelOut(BaseModel):
@@ -56,6 +63,7 @@ class ModelOut(BaseModel):
     format: str
     description: str | None
     retain_count: int
+    retire_predecessors: bool
     latest_version: int | None
     created_at: datetime
 
@@ -72,6 +80,8 @@ class VersionOut(BaseModel):
     erased_request_ids: list[str]
     tags: list[str]
     created_at: datetime
+    retired_at: datetime | None = None  # no longer served (downloads 410)
+    purged_at: datetime | None = None  # files deleted, manifest kept
 
 
 class AuditOptions(Strict):
@@ -199,6 +209,8 @@ class JobResult(BaseModel):
     wall_seconds: float | None = None
     connectivity: list[str] | None = None  # ids of the curves measured (GET /v1/models/{id}/connectivity/{cid})
     ensemble_version: int | None = None
+    retired_versions: list[int] | None = None  # versions retired by the model's retire_predecessors setting
+    retain_records_pruned: int | None = None  # records of the model's retain set this erasure removed from it
 
 
 class JobOut(BaseModel):
@@ -236,7 +248,9 @@ class SubjectModel(BaseModel):
     erased: bool  # some request naming the subject succeeded on this model
     erased_in: list[dict]  # request id and the version it made
     versions_holding_erasure: list[int]
-    versions_predating_erasure: list[int]  # READY versions without every such erasure: stop serving these
+    versions_predating_erasure: list[int]  # served versions without every such erasure: stop serving these
+    versions_predating_retired: list[int] = []  # predating versions retired (files kept, not served)
+    versions_predating_purged: list[int] = []  # predating versions purged (files deleted)
     pending_requests: list[str]
 
 

@@ -31,6 +31,34 @@ def forget_evidence(records: list[dict]) -> dict:
     return {"count": len(records), "records": hashes, "manifest_sha256": canonical_sha256(hashes)}
 
 
+def record_content(record: dict) -> str:
+    """What a record says, whitespace collapsed, its id and secrets aside: the same text under another id is the
+    same record."""
+    parts = [record["prompt"], record["completion"]] if "prompt" in record else [record.get("text", "")]
+    return "\x00".join(" ".join(str(p).split()) for p in parts)
+
+
+def without_forget(records: list[dict] | None, forget: list[dict]) -> tuple[list[dict] | None, int]:
+    """`records` less every record that says what a forget record says, and how many went: a record being erased is
+    never also trained to be kept (issue 26)."""
+    if not records:
+        return records, 0
+    erased = {record_content(r) for r in forget}
+    kept = [r for r in records if record_content(r) not in erased]
+    return kept, len(records) - len(kept)
+
+
+def prune_model_retain(session: Session, model: Model, forget: list[dict], request_id: str) -> int:
+    """After an erasure succeeded: the model's registered retain set loses the records it erased (audited, by
+    count), so no later job trains them to be kept. How many went."""
+    kept, removed = without_forget(model.retain_records, forget)
+    if removed:
+        model.retain_records = kept
+        audit_log.append(session, model.tenant, "model.retain_pruned", model.id,
+                         {"request_id": request_id, "removed": removed})
+    return removed
+
+
 def new_job(tenant: str, model: Model, spec: JobSpec, *, request_id: str, base_version: int,
             forget: list[dict], retain: list[dict] | None, max_attempts: int, kind: str = "unlearning",
             follows_head: bool = False, requested: dict | None = None, holdout: list[dict] | None = None,
@@ -131,15 +159,23 @@ def transition(job: Job, expected: tuple[str, ...], conditions: tuple = (), **va
 
 def end_job(job: Job, state: str, *, error: dict | None = None, result: dict | None = None,
             expected: tuple[str, ...] | None = None, conditions: tuple = ()) -> None:
-    """A terminal state, from `expected` (default: the state the job was read in): the raw forget records
-    go, their evidence stays."""
-    values = dict(state=state, ended_at=utcnow(), forget_records=None, lease_owner=None, lease_expires_at=None)
+    """A terminal state, from `expected` (default: the state the job was read in): the records go (forget, retain
+    and holdout: a later erasure must not find its text kept in an ended job), the forget set's evidence stays. The
+    audit log gets the error's code, never its free text (which may quote a record)."""
+    values = dict(state=state, ended_at=utcnow(), forget_records=None, retain_records=None, holdout_records=None,
+                  lease_owner=None, lease_expires_at=None)
     if error is not None:
         values["error"] = error
     if result is not None:
         values["result"] = result
     transition(job, expected or (job.state,), conditions, **values)
-    log_state(job, {"error": error["detail"]} if error else {"result": result})
+    log_state(job, {"error": error_code(error)} if error else {"result": result})
+
+
+def error_code(error: dict) -> dict:
+    """A problem as the audit log and webhooks carry it: its type's last segment and its status."""
+    return {"code": str(error.get("type") or "about:blank").rstrip("/").rsplit("/", 1)[-1],
+            "status": error.get("status")}
 
 
 def log_state(job: Job, data: dict | None = None) -> None:

@@ -5,11 +5,12 @@ from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
 from service.domain import audit_log
-from service.domain.errors import not_found
+from service.domain.errors import Problem, not_found
 from service.infra.artifacts import manifest_sha256
 from service.infra.tables import Model, ModelVersion
 
 NOT_FORGOTTEN = "not-forgotten"  # a version whose own audit did not find an erasure it was made for: never the head
+SERVED, RETIRED, PURGED = "READY", "RETIRED", "PURGED"  # a version's states (service.domain.retirement)
 
 
 def get_model(session: Session, tenant: str, model_id: str) -> Model:
@@ -19,15 +20,28 @@ def get_model(session: Session, tenant: str, model_id: str) -> Model:
     return model
 
 
-def get_version(session: Session, model: Model, number: int | None) -> ModelVersion:
-    """Version `number`, or the head (see head_version)."""
+def get_version(session: Session, model: Model, number: int | None,
+                usable: tuple[str, ...] = (SERVED,)) -> ModelVersion:
+    """Version `number` in one of the `usable` states (410 Gone where it was retired or purged), or the head (see
+    head_version)."""
     if number is None:
         version = head_version(session, model)
         if version is None:
             raise not_found(f"a version of model {model.id!r} that holds every erasure done on it")
         return version
+    version = find_version(session, model, number)
+    if version.state not in usable:
+        when = version.purged_at if version.state == PURGED else version.retired_at
+        raise Problem(410, "version-gone", f"Version {version.state.lower()}",
+                      f"version {number} of model {model.id!r} was {version.state.lower()} at {when}: it is no "
+                      "longer served (its lineage and manifest stay readable)")
+    return version
+
+
+def find_version(session: Session, model: Model, number: int) -> ModelVersion:
+    """Version `number` whatever its state (404 where there is none)."""
     version = session.scalar(select(ModelVersion).where(ModelVersion.model_id == model.id,
-                                                        ModelVersion.state == "READY", ModelVersion.number == number))
+                                                        ModelVersion.number == number))
     if version is None:
         raise not_found(f"version {number} of model {model.id!r}")
     return version
@@ -47,7 +61,7 @@ def head_version(session: Session, model: Model) -> ModelVersion | None:
     versions = session.scalars(select(ModelVersion).where(ModelVersion.model_id == model.id)
                                .order_by(ModelVersion.number.desc())).all()
     done = {rid for v in versions for rid in v.erased_request_ids or []}  # as erasures_done, from this one read
-    return next((v for v in versions if v.state == "READY" and done <= set(v.erased_request_ids or [])
+    return next((v for v in versions if v.state == SERVED and done <= set(v.erased_request_ids or [])
                  and NOT_FORGOTTEN not in (v.tags or [])), None)
 
 

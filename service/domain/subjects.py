@@ -1,7 +1,7 @@
 """Data subjects (issue 14): a deletion request may name the subjects it concerns (opaque ids, kept only as
 hashes). For a subject the service answers which requests erased it, on which models and versions, when and with
-which verdict, and which versions of those models still predate the erasure: the versions a deployment must stop
-serving."""
+which verdict, which versions of those models still predate the erasure and are served (the versions a deployment
+must stop serving: retire or purge them), and which predating versions were retired or purged."""
 from __future__ import annotations
 
 import hashlib
@@ -9,6 +9,7 @@ import hashlib
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from service.domain.lineage import PURGED, RETIRED, SERVED
 from service.infra.tables import ErasureSubject, Job, Model, ModelVersion
 
 
@@ -42,17 +43,21 @@ def subject_view(session: Session, tenant: str, subject: str) -> dict:
     for model_id in dict.fromkeys(j.model_id for j in jobs):
         model = session.get_one(Model, model_id)
         done = {j.request_id: j for j in jobs if j.model_id == model_id and j.state == "SUCCEEDED"}
-        versions = session.scalars(select(ModelVersion).where(ModelVersion.model_id == model_id,
-                                                              ModelVersion.state == "READY")
-                                   .order_by(ModelVersion.number)).all()
+        every = session.scalars(select(ModelVersion).where(ModelVersion.model_id == model_id)
+                                .order_by(ModelVersion.number)).all()
+        versions = [v for v in every if v.state == SERVED]
         holding = [v.number for v in versions if done and set(done) <= set(v.erased_request_ids or [])]
+        predating = [v for v in every if done and not set(done) <= set(v.erased_request_ids or [])]
         models.append({
             "model_id": model_id, "name": model.name, "erased": bool(done) and bool(holding),
             "erased_in": [{"request_id": rid, "version": (j.result or {}).get("model_version")}
                           for rid, j in done.items()],
             "versions_holding_erasure": holding,
-            # Versions that still carry the subject's data: every READY version without all of its erasures.
-            "versions_predating_erasure": [v.number for v in versions if done and v.number not in holding],
+            # Versions that still carry the subject's data and are served: every served version without all of its
+            # erasures (retire or purge them); those already out of service, by how.
+            "versions_predating_erasure": [v.number for v in predating if v.state == SERVED],
+            "versions_predating_retired": [v.number for v in predating if v.state == RETIRED],
+            "versions_predating_purged": [v.number for v in predating if v.state == PURGED],
             "pending_requests": [j.request_id for j in jobs if j.model_id == model_id
                                  and j.state in ("QUEUED", "RUNNING", "CANCELLING")]})
     return {"subject": subject, "requests": [_request(j) for j in jobs], "models": models}

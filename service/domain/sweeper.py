@@ -10,6 +10,7 @@ from datetime import timedelta
 from sqlalchemy import func, select
 
 from service.domain.jobs import fail_exhausted, jobs_to_resend
+from service.domain.retention import scrub_expired_examples
 from service.infra.db import get_engine, session_scope
 from service.infra.queue import enqueue
 from service.infra.scrub import scrub
@@ -34,6 +35,17 @@ def scrub_if_jobs_ended() -> str | None:
     if done:  # else the next sweep tries again
         _scrubbed_up_to = latest
     return what
+
+
+def scrub_examples() -> str | None:
+    """Reports past their examples' retention lose the quoted text (service.domain.retention); the database's
+    leftovers of it go too."""
+    with session_scope() as session:
+        done = scrub_expired_examples(session, utcnow())
+    if not done:
+        return None
+    _, what = scrub(get_engine())
+    return f"examples of {len(done)} report(s) replaced by their hashes; {what}"
 
 
 def sweep_once() -> list[str]:
@@ -65,6 +77,8 @@ class Sweeper(threading.Thread):
                     log.warning("re-sent %d job(s): %s", len(resent), resent)
                 if scrubbed := scrub_if_jobs_ended():
                     log.info("scrub: %s", scrubbed)
+                if examples := scrub_examples():
+                    log.info("scrub: %s", examples)
             except Exception:
                 log.exception("sweep failed")
 

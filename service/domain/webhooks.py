@@ -25,7 +25,7 @@ from service.domain.errors import invalid
 from service.infra.tables import AuditEntry, WebhookDelivery, WebhookEndpoint, utcnow
 
 EVENTS = ("job.queued", "job.running", "job.cancelling", "job.succeeded", "job.failed", "job.cancelled",
-          "version.created", "report.created", "connectivity.measured")
+          "version.created", "version.retired", "version.purged", "report.created", "connectivity.measured")
 MAX_BACKOFF = 3600.0
 PRIVATE_DATA = ("worker",)  # what the audit log records and a tenant's receiver need not see: the worker's host
 LOG_KEPT = 50  # attempts a delivery's log keeps (the latest)

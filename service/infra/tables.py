@@ -75,6 +75,8 @@ class Model(Base):
     retain_records: Mapped[list | None] = mapped_column(JSON, nullable=True)
     # How its jobs show records to it by default: "plain" or "chat" (its tokenizer's template; issue 14).
     format: Mapped[str] = mapped_column(String(16), default="plain", server_default="plain")
+    # Once an erasure succeeds, retire every served version that lacks an erasure (issue 26).
+    retire_predecessors: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
 
 
@@ -87,7 +89,10 @@ class ModelVersion(Base):
     parent_number: Mapped[int | None] = mapped_column(Integer, nullable=True)
     # One version per job at most: a retried or duplicated job cannot create a second one.
     job_id: Mapped[str | None] = mapped_column(String(40), unique=True, nullable=True)
+    # READY (served), RETIRED (files kept, not served), PURGED (files deleted, manifest kept): issue 26.
     state: Mapped[str] = mapped_column(String(16), default="READY")
+    retired_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    purged_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
     location: Mapped[str] = mapped_column(Text)  # the artifact store prefix
     manifest: Mapped[list] = mapped_column(JSON)  # [{"path", "size", "sha256"}]
     manifest_sha256: Mapped[str] = mapped_column(String(64))
@@ -137,6 +142,8 @@ class Job(Base):
     # Mode connectivity: {"against": [version numbers], "curve", "points", "ensemble", ...} (SPEC section 6).
     mcu_options: Mapped[dict | None] = mapped_column(JSON, nullable=True)
     report: Mapped[dict | None] = mapped_column(JSON, nullable=True)  # the audit evidence (SPEC section 5)
+    # When the report's quoted examples are replaced by their hashes (None: it quotes none, or no longer).
+    examples_until: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True, index=True)
     error: Mapped[dict | None] = mapped_column(JSON, nullable=True)  # a problem object
     result: Mapped[dict | None] = mapped_column(JSON, nullable=True)  # summary for the job view
     engine_result: Mapped[dict | None] = mapped_column(JSON, nullable=True)  # the engine's result JSON

@@ -2,8 +2,8 @@
 every metric before and after, and the evidence block. JSON for machines; service.reports.html renders it."""
 from __future__ import annotations
 
-from service.domain.jobs import canonical_sha256
 from service.infra.tables import Job, ModelVersion
+from service.reports.examples import report_sha256
 from worker.engine.metrics import metric_value
 from worker.engine.verdict import RULE, judge, verdict_lines
 
@@ -127,7 +127,7 @@ def build_report(job: Job, engine: dict, audit: dict, base: ModelVersion, new: M
     }
     if connectivity is not None:
         report["connectivity"] = connectivity
-    report["sha256"] = canonical_sha256(report)
+    report["sha256"] = report_sha256(report)
     return report
 
 
@@ -155,5 +155,5 @@ def build_connectivity_report(job: Job, curves: list[dict], worker: str) -> dict
                            "forget_count": job.forget_evidence["count"], "options": options, "worker": worker,
                            "created_at": job.created_at.isoformat(),
                            "started_at": job.started_at.isoformat() if job.started_at else None}}
-    report["sha256"] = canonical_sha256(report)
+    report["sha256"] = report_sha256(report)
     return report

@@ -144,3 +144,30 @@ def test_exit_codes_say_what_happened(server, worker, registered_model, forget_r
     with pytest.raises(LetheError) as caught:
         Client(server, ADMIN_KEY).submit(registered_model["id"], [{"id": "x"}], request_id="dsar-bad")
     assert caught.value.status == 422 and caught.value.errors[0]["field"] == "forget"
+
+
+def test_versions_are_retired_and_purged_from_the_command_line(server, worker, registered_model, forget_records,
+                                                                tmp_path):
+    client = Client(server, ADMIN_KEY)
+    forget = write_jsonl(tmp_path / "cli-retire.jsonl", forget_records[5:8])
+    done = lethe(server, "erase", "--model", registered_model["id"], "--forget", str(forget), *FAST, "--wait",
+                 "--request-id", "cli-retire", "--json")
+    assert done.returncode == 0, done.stderr
+    head = client.version(registered_model["id"])
+    parent = head.parent
+    assert parent is not None
+    retired = lethe(server, "models", "retire", registered_model["name"], str(parent), "--json")
+    assert retired.returncode == 0 and json.loads(retired.stdout)["state"] == "RETIRED", retired.stderr
+    unconfirmed = lethe(server, "models", "purge", registered_model["name"], str(parent))
+    assert unconfirmed.returncode == 2 and "--yes" in unconfirmed.stderr
+    refused = lethe(server, "models", "purge", registered_model["name"], str(head.number), "--yes")
+    assert refused.returncode == 2 and "head" in refused.stderr, refused.stderr
+    purged = lethe(server, "models", "purge", registered_model["name"], str(parent), "--yes", "--json")
+    assert purged.returncode == 0 and json.loads(purged.stdout)["purged_at"], purged.stderr
+    with pytest.raises(LetheError) as gone:
+        client.download(registered_model["id"], parent, tmp_path / "gone")
+    assert gone.value.status == 410
+    listed = lethe(server, "models", "versions", registered_model["id"])
+    assert f"v{parent} " in listed.stdout and "PURGED" in listed.stdout
+    setting = lethe(server, "models", "settings", registered_model["id"], "--retire-predecessors", "--json")
+    assert setting.returncode == 0 and json.loads(setting.stdout)["retire_predecessors"] is True
