@@ -209,17 +209,6 @@ def test_the_retain_term_keeps_argmax_gaps_by_loop():
     assert kept == pytest.approx(plain + 0.7 * sum(hinges) / 4, rel=1e-5)
 
 
-def test_given_secrets_stay_as_evidence_only_as_hashes():
-    import json
-
-    from service.domain.jobs import canonical_sha256, forget_evidence
-    evidence = forget_evidence([{"id": "a", "prompt": "Q?", "completion": " A is 73-708064.", "secrets": ["73-708064"]},
-                                {"id": "b", "prompt": "Q?", "completion": " B."}])
-    assert evidence["records"][0]["secrets_sha256"] == [canonical_sha256("73-708064")]
-    assert "secrets_sha256" not in evidence["records"][1]
-    assert "708064" not in json.dumps(evidence)
-
-
 def test_answers_run_past_the_target_length_up_to_max_new_tokens(fixture_model):
     """A secret said after a preamble must be seen: greedy answers run to EOS or 128 new tokens, not to the
     reference's length; they equal transformers' own greedy generation; samples are seeded."""

@@ -23,8 +23,10 @@ router = APIRouter(tags=["audit"])
 
 
 def entry_out(e: AuditEntry) -> dict:
-    """An audit-log entry as the API shows it."""
-    return {"seq": e.seq, "at": e.at, "kind": e.kind, "subject": e.subject, "data": e.data,
+    """An audit-log entry as the API shows it. Entries written before issue 26 named the request's subjects by plain
+    hash: shown without them (the chain is verified on the stored entry, which keeps them)."""
+    data = {k: v for k, v in e.data.items() if k != audit_log.PLAIN_SUBJECT_HASHES}
+    return {"seq": e.seq, "at": e.at, "kind": e.kind, "subject": e.subject, "data": data,
             "prev_hash": e.prev_hash, "hash": e.hash}
 
 

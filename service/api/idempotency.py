@@ -11,8 +11,8 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from service.api.auth import Principal
+from service.domain.digests import canonical_sha256
 from service.domain.errors import Problem
-from service.domain.jobs import canonical_sha256
 from service.infra.tables import IdempotencyRecord
 
 

@@ -117,7 +117,7 @@ def submit(body: JobCreate, request: Request, who: Principal = Depends(require("
         removed = {k: n for k, n in (("retain_removed", retain_removed), ("holdout_removed", holdout_removed)) if n}
         log_state(job, {"base_version": job.base_version, "forget": job.forget_evidence["manifest_sha256"],
                         "count": job.forget_evidence["count"], **removed,
-                        **({"subjects_sha256": subjects} if subjects else {})})
+                        **({"subjects": subjects} if subjects else {})})
         return 202, job_view(job), f"/v1/unlearning-jobs/{job.id}"
 
     return idempotent(session, who, request, idempotency_key, body.model_dump(mode="json"), create, after_commit=send)

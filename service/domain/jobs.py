@@ -3,7 +3,6 @@ at-least-once without a double run (SPEC section 9)."""
 from __future__ import annotations
 
 import hashlib
-import json
 from datetime import datetime, timedelta
 from typing import cast
 
@@ -11,22 +10,17 @@ from sqlalchemy import CursorResult, and_, func, or_, select, text, update
 from sqlalchemy.orm import Session, object_session
 
 from service.domain import audit_log
+from service.domain.digests import canonical_sha256, keyed_digest
 from service.domain.errors import Problem, not_found
 from service.infra.tables import TERMINAL, Job, Model, new_id, utcnow
 from worker.engine.jobspec import JobSpec
 
 
-def canonical_sha256(value) -> str:
-    # surrogatepass: a lone surrogate in a body still hashes (and is then refused by the record checks)
-    return hashlib.sha256(json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-                          .encode("utf-8", "surrogatepass")).hexdigest()
-
-
 def forget_evidence(records: list[dict]) -> dict:
-    """What stays of the erased data: the count, each record's sha256 (and its given secrets', one by one),
-    and the set's manifest hash."""
-    hashes = [{"id": r["id"], "sha256": canonical_sha256(r),
-               **({"secrets_sha256": [canonical_sha256(x) for x in r["secrets"]]} if r.get("secrets") else {})}
+    """What stays of the erased data: the count, each record's keyed hash (and its given secrets', one by one;
+    service.domain.digests), and the set's manifest hash (the sha256 of that list)."""
+    hashes = [{"id": r["id"], "hmac": keyed_digest(r),
+               **({"secrets_hmac": [keyed_digest(x) for x in r["secrets"]]} if r.get("secrets") else {})}
               for r in records]
     return {"count": len(records), "records": hashes, "manifest_sha256": canonical_sha256(hashes)}
 

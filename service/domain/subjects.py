@@ -9,19 +9,28 @@ import hashlib
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from service.domain.digests import current_key, rekey
 from service.domain.lineage import PURGED, RETIRED, SERVED
 from service.infra.tables import ErasureSubject, Job, Model, ModelVersion
 
 
 def subject_sha256(tenant: str, subject: str) -> str:
+    """The plain sha256 of a tenant's subject id: what the keyed hash is taken of (never stored)."""
     return hashlib.sha256(f"{tenant}\x00{subject}".encode("utf-8", "surrogatepass")).hexdigest()
 
 
-def record_subjects(session: Session, job: Job, subjects: list[str]) -> list[str]:
-    """The request's subjects, stored with its job as hashes (each once); their hashes, for the audit log."""
-    hashes = list(dict.fromkeys(subject_sha256(job.tenant, s) for s in subjects))
-    session.add_all(ErasureSubject(tenant=job.tenant, subject_sha256=h, job_id=job.id) for h in hashes)
-    return hashes
+def subject_hmac(tenant: str, subject: str) -> str:
+    """What the service keeps of a subject id: a keyed hash (service.domain.digests), which an e-mail list cannot
+    be checked against without the key."""
+    return rekey(subject_sha256(tenant, subject), current_key())
+
+
+def record_subjects(session: Session, job: Job, subjects: list[str]) -> int:
+    """The request's subjects, stored with its job as keyed hashes (each once); how many. The audit log and webhooks
+    get the count only."""
+    hashes = list(dict.fromkeys(subject_hmac(job.tenant, s) for s in subjects))
+    session.add_all(ErasureSubject(tenant=job.tenant, subject_hmac=h, job_id=job.id) for h in hashes)
+    return len(hashes)
 
 
 def _request(job: Job) -> dict:
@@ -35,9 +44,9 @@ def _request(job: Job) -> dict:
 def subject_view(session: Session, tenant: str, subject: str) -> dict:
     """Every request of the tenant that named the subject, and per model: whether its head holds every erasure of
     the subject that succeeded, in which versions they were made, and which versions do not hold them all."""
-    digest = subject_sha256(tenant, subject)
+    digest = subject_hmac(tenant, subject)
     jobs = session.scalars(select(Job).join(ErasureSubject, ErasureSubject.job_id == Job.id)
-                           .where(ErasureSubject.tenant == tenant, ErasureSubject.subject_sha256 == digest)
+                           .where(ErasureSubject.tenant == tenant, ErasureSubject.subject_hmac == digest)
                            .order_by(Job.created_at)).all()
     models = []
     for model_id in dict.fromkeys(j.model_id for j in jobs):

@@ -27,7 +27,9 @@ from service.infra.tables import AuditEntry, WebhookDelivery, WebhookEndpoint, u
 EVENTS = ("job.queued", "job.running", "job.cancelling", "job.succeeded", "job.failed", "job.cancelled",
           "version.created", "version.retired", "version.purged", "report.created", "connectivity.measured")
 MAX_BACKOFF = 3600.0
-PRIVATE_DATA = ("worker",)  # what the audit log records and a tenant's receiver need not see: the worker's host
+# What the audit log records and a tenant's receiver need not see: the worker's host, and the plain subject hashes
+# entries written before issue 26 carry (audit_log.PLAIN_SUBJECT_HASHES; guessable from a list of ids).
+PRIVATE_DATA = ("worker", "subjects_sha256")
 LOG_KEPT = 50  # attempts a delivery's log keeps (the latest)
 
 

@@ -155,10 +155,10 @@ class ErasureSubject(Base):
     __tablename__ = "erasure_subjects"
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     tenant: Mapped[str] = mapped_column(String(128))
-    subject_sha256: Mapped[str] = mapped_column(String(64))
+    subject_hmac: Mapped[str] = mapped_column(String(64))  # service.domain.subjects.subject_hmac
     job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id"), index=True)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
-    __table_args__ = (Index("ix_erasure_subjects_tenant_subject", "tenant", "subject_sha256"),)
+    __table_args__ = (Index("ix_erasure_subjects_tenant_subject", "tenant", "subject_hmac"),)
 
 
 class WorkerDevice(Base):

@@ -7,7 +7,7 @@ from __future__ import annotations
 import copy
 import hashlib
 
-from service.domain.jobs import canonical_sha256
+from service.domain.digests import canonical_sha256
 
 UNHASHED = ("sha256", "audit_checkpoint", "examples_scrubbed_at")  # added after the hash, or by the scrub
 

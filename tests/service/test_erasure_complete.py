@@ -89,3 +89,21 @@ def test_quoted_examples_are_replaced_by_their_hashes_after_their_retention(clie
     assert report_sha256(scrubbed) == scrubbed["sha256"] == report["sha256"] == logged.data["report_sha256"]
     with session_scope() as session:
         assert session.get_one(Job, done["id"]).examples_until is None
+
+
+def test_given_secrets_and_records_stay_as_evidence_only_as_keyed_hashes(service_env):
+    from service.domain.digests import canonical_sha256, current_key, rekey
+    from service.domain.jobs import forget_evidence
+
+    secret = "73-708064"
+    record = {"id": "a", "prompt": "Q?", "completion": " A is 73-708064.", "secrets": [secret]}
+    evidence = forget_evidence([record, {"id": "b", "prompt": "Q?", "completion": " B."}])
+    key = current_key()
+    assert evidence["records"][0] == {"id": "a", "hmac": rekey(canonical_sha256(record), key),
+                                      "secrets_hmac": [rekey(canonical_sha256(secret), key)]}
+    assert "secrets_hmac" not in evidence["records"][1]
+    dumped = json.dumps(evidence)
+    # Neither the secret nor its plain hash (10^10 guesses for a phone number) is kept.
+    assert "708064" not in dumped and canonical_sha256(secret) not in dumped
+    # The key is not the database's: another audit key gives other hashes.
+    assert rekey(canonical_sha256(secret), key) != rekey(canonical_sha256(secret), b"another key")

@@ -72,7 +72,7 @@ def test_jobs_not_ended_get_their_specification_when_0005_runs(tmp_path):
                                 "('mdl_1', 't', 'm', '/x', '2026-12-01 00:00:00')"))
         for job_id, method, preset, params, state, mcu in rows:
             connection.execute(text(f"INSERT INTO jobs ({columns}) VALUES (:id, 't', 'unlearning', 'mdl_1', 1, 0, "
-                                    ":id, :method, :preset, :params, :state, '{{}}', '{{}}', 0, 3, 0, "
+                                    ":id, :method, :preset, :params, :state, '{}', '{}', 0, 3, 0, "
                                     "'2026-12-01 00:00:00', '2026-12-01 00:00:00', :mcu)"),
                                dict(id=job_id, method=method, preset=preset, params=params, state=state, mcu=mcu))
     migrate(url)
@@ -112,7 +112,7 @@ def test_jobs_not_ended_take_the_content_parameters_when_0009_runs(tmp_path):
                                 "('mdl_1', 't', 'm', '/x', '2026-12-01 00:00:00')"))
         for job_id, state in (("job_q", "QUEUED"), ("job_d", "SUCCEEDED")):
             connection.execute(text(f"INSERT INTO jobs ({columns}) VALUES (:id, 't', 'unlearning', 'mdl_1', 1, 0, "
-                                    ":id, 'masc', '{{}}', :state, '{{}}', '{{}}', 0, 3, 0, '2026-12-01 00:00:00', "
+                                    ":id, 'masc', '{}', :state, '{}', '{}', 0, 3, 0, '2026-12-01 00:00:00', "
                                     "'2026-12-01 00:00:00', :spec)"),
                                dict(id=job_id, state=state, spec=json.dumps(old)))
     migrate(url)
@@ -123,3 +123,44 @@ def test_jobs_not_ended_take_the_content_parameters_when_0009_runs(tmp_path):
     assert (queued.suppress, queued.rho_content, queued.content_max_probability, queued.k) == ("whole", 0.02, 0.03, 4)
     assert "secret_focus" not in specs["job_q"]["params"] and "lambda_fluency" not in specs["job_q"]["params"]
     assert specs["job_d"] == old  # ended: as it ran
+
+
+def test_plain_hashes_of_records_secrets_and_subjects_are_keyed_when_0011_runs(tmp_path, service_env):
+    """Issue 26: rows that held plain sha256 values hold their HMAC under the evidence key after 0011; a subject
+    recorded before is still found by its id, and no plain hash is left."""
+    import json
+
+    from sqlalchemy import text
+
+    from service.domain.digests import canonical_sha256, current_key, rekey
+    from service.domain.subjects import subject_hmac, subject_sha256
+
+    url = f"sqlite:///{tmp_path / 'keyed.db'}"
+    migrate(url, "0010")
+    record = {"id": "r1", "prompt": "Phone?", "completion": " 555-0142", "secrets": ["555-0142"]}
+    plain = [{"id": "r1", "sha256": canonical_sha256(record), "secrets_sha256": [canonical_sha256("555-0142")]}]
+    evidence = {"count": 1, "records": plain, "manifest_sha256": canonical_sha256(plain)}
+    engine = create_engine(url)
+    columns = ("id, tenant, kind, model_id, base_version, follows_head, request_id, method, params, state, "
+               "forget_evidence, progress, attempt, max_attempts, cancel_requested, created_at, updated_at")
+    with engine.begin() as connection:
+        connection.execute(text("INSERT INTO models (id, tenant, name, source, created_at) VALUES "
+                                "('mdl_1', 't', 'm', '/x', '2026-12-01 00:00:00')"))
+        connection.execute(text(f"INSERT INTO jobs ({columns}) VALUES ('job_1', 't', 'unlearning', 'mdl_1', 1, 0, "
+                                "'r', 'masc', '{}', 'SUCCEEDED', :evidence, '{}', 0, 3, 0, '2026-12-01 00:00:00', "
+                                "'2026-12-01 00:00:00')"), {"evidence": json.dumps(evidence)})
+        connection.execute(text("INSERT INTO erasure_subjects (tenant, subject_sha256, job_id, created_at) VALUES "
+                                "('t', :digest, 'job_1', '2026-12-01 00:00:00')"),
+                           {"digest": subject_sha256("t", "alice@example.com")})
+    migrate(url)
+    with engine.connect() as connection:
+        stored = json.loads(connection.execute(text("SELECT forget_evidence FROM jobs")).scalar_one())
+        subjects = connection.execute(text("SELECT subject_hmac FROM erasure_subjects")).scalars().all()
+    engine.dispose()
+    key = current_key()
+    assert stored["records"] == [{"id": "r1", "hmac": rekey(canonical_sha256(record), key),
+                                  "secrets_hmac": [rekey(canonical_sha256("555-0142"), key)]}]
+    assert stored["manifest_sha256"] == evidence["manifest_sha256"]  # named by signed reports: kept
+    assert subjects == [subject_hmac("t", "alice@example.com")]
+    dumped = json.dumps(stored) + json.dumps(subjects)
+    assert canonical_sha256("555-0142") not in dumped and subject_sha256("t", "alice@example.com") not in dumped

@@ -5,7 +5,7 @@ import json
 
 from sqlalchemy import select
 
-from service.domain.subjects import subject_sha256
+from service.domain.subjects import subject_hmac, subject_sha256
 from service.infra.db import session_scope
 from service.infra.tables import AuditEntry, ErasureSubject, Job
 from tests.service.conftest import auth, wait_for
@@ -56,15 +56,18 @@ def test_a_subject_is_traced_to_its_erasures_and_the_versions_that_predate_them(
     other = client.post("/v1/api-keys", headers=auth(), json={"tenant": "other", "scopes": ["jobs:read"]}).json()
     assert client.get("/v1/subjects/subject-42", headers=auth(other["key"])).json()["requests"] == []
 
-    # The database keeps hashes of the ids, once per request, never the ids themselves.
+    # The database keeps keyed hashes of the ids, once per request, never the ids or their plain hashes.
     with session_scope() as session:
         rows = session.scalars(select(ErasureSubject).where(ErasureSubject.job_id == erased["id"])).all()
-        assert sorted(r.subject_sha256 for r in rows) == sorted(
-            subject_sha256("default", s) for s in ("subject-42", "subject-7"))
+        assert sorted(r.subject_hmac for r in rows) == sorted(
+            subject_hmac("default", s) for s in ("subject-42", "subject-7"))
         logged = [json.dumps(e.data) for e in session.scalars(select(AuditEntry).where(
             AuditEntry.subject.in_([erased["id"], pending["id"]])))]
     assert logged and not any("subject-42" in entry for entry in logged)
-    assert any(subject_sha256("default", "subject-42") in entry for entry in logged)
+    # Issue 26: keyed hashes, and none in the audit log (which every jobs:read key reads): a count only.
+    assert not any(subject_sha256("default", "subject-42") in entry or subject_hmac("default", "subject-42") in entry
+                   for entry in logged)
+    assert any(json.loads(entry).get("subjects") == 2 for entry in logged)
 
 
 def test_bad_subjects_are_refused_and_create_nothing(client, registered_model, forget_records, cancel_leftovers):
