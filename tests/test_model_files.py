@@ -143,9 +143,9 @@ def test_plain_name_against_a_brute_force_resolution(tmp_path):
 def test_configs_past_the_size_cap_and_broken_json_are_refused_not_parsed():
     big = b"{" + b" " * (16 * 2**20) + b"}"
     with pytest.raises(EngineInputError, match="more than a configuration file holds"):
-        check_model_files(["config.json"], lambda _: big)
+        check_model_files(["config.json"], lambda _, limit: big[:limit])
     with pytest.raises(EngineInputError, match="not valid JSON"):
-        check_model_files(["tokenizer_config.json"], lambda _: b"[" * 100_000)
+        check_model_files(["tokenizer_config.json"], lambda _, limit: (b"[" * 100_000)[:limit])
 
 
 class Recorder(http.server.BaseHTTPRequestHandler):
@@ -180,3 +180,11 @@ def test_the_worker_never_asks_the_hub(tmp_path):
         server.shutdown()
     assert "refused" in done.stdout, done.stdout + done.stderr
     assert Recorder.seen == []
+
+
+def test_a_safetensors_header_past_the_cap_is_refused_by_the_loader(models, tmp_path):
+    folder = variant(models[0], tmp_path)
+    weights = folder / "model.safetensors"
+    weights.write_bytes((17 * 2**20).to_bytes(8, "little") + weights.read_bytes()[8:])
+    with pytest.raises(EngineInputError, match="model.safetensors: a safetensors header of 17825792 bytes"):
+        load_weights(folder, CPU)

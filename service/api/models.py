@@ -13,7 +13,7 @@ from service.api.auth import Principal, require
 from service.api.idempotency import idempotent
 from service.api.pagination import paginate
 from service.api.schemas import MAX_VERSION, ModelCreate, ModelOut, ModelUpdate, Page, VersionOut
-from service.domain import audit_log, lineage, retirement
+from service.domain import audit_log, capacity, lineage, retirement
 from service.domain.checkpoints import check_chat_template
 from service.domain.errors import Problem, invalid, not_found
 from service.domain.sources import copy_source
@@ -69,8 +69,9 @@ def create_model(body: ModelCreate, request: Request, who: Principal = Depends(r
             check_chat_template(model.format, location)
             session.add(model)
             session.flush()  # a concurrent twin with the same name fails here (idempotent() answers it)
-            lineage.add_version(session, model, location=location, manifest=manifest, parent=None, job_id=None,
-                                 request_id=None, tags=["source"])
+            version = lineage.add_version(session, model, location=location, manifest=manifest, parent=None,
+                                          job_id=None, request_id=None, tags=["source"])
+            capacity.version_parameters(artifacts, version)  # read once here; submissions read the row
             session.flush()
         except BaseException:  # nothing half-copied stays behind, not even the model's empty folder
             artifacts.delete(f"models/{model.id}")

@@ -18,12 +18,23 @@ from service.infra.tables import ModelVersion, WorkerDevice, utcnow
 from service.settings import Settings
 from worker.engine.jobspec import JobSpec
 from worker.engine.memory_plan import HEADROOM, ModelShape, Workload, lower_bound, safetensors_parameters
+from worker.engine.model_files import MAX_HEADER_BYTES
 
-MAX_HEADER_BYTES = 100 * 2**20  # safetensors' own limit on a header
+NO_HEADERS = -1  # version.parameters when its files hold no readable safetensors header (a .bin checkpoint)
+
+
+def version_parameters(store: ArtifactStore, version: ModelVersion) -> int | None:
+    """Parameters of a version: read from its headers once (at registration, or at its first job), then kept in its
+    row, so a submission reads no file. None where it has no safetensors headers."""
+    if version.parameters is None:
+        counted = checkpoint_parameters(store, version)
+        version.parameters = NO_HEADERS if counted is None else counted
+    return None if version.parameters == NO_HEADERS else version.parameters
 
 
 def checkpoint_parameters(store: ArtifactStore, version: ModelVersion) -> int | None:
-    """Parameters of a version from its safetensors headers; None where it has none (a .bin checkpoint)."""
+    """Parameters of a version from its safetensors headers (each at most MAX_HEADER_BYTES); None where it has none
+    (a .bin checkpoint)."""
     headers = []
     for entry in version.manifest:
         if not entry["path"].endswith(".safetensors"):
@@ -50,7 +61,7 @@ def route(session: Session, spec: JobSpec, version: ModelVersion, store: Artifac
     params = spec.params
     if not devices or params is None:
         return settings.queue  # nothing announced: the worker checks at start
-    parameters = checkpoint_parameters(store, version)
+    parameters = version_parameters(store, version)
     if parameters is None:
         return settings.queue
     shape = ModelShape(parameters=parameters, hidden=1, layers=1, heads=1, intermediate=1, vocab=1)

@@ -19,6 +19,8 @@ def local_directory(location: str) -> Path | None:
 
 def check_targets(requested: list[str] | str, location: str) -> None:
     """Named LoRA targets must exist in the model: read from the checkpoint's safetensors headers."""
+    if requested == "auto" or requested == ["auto"]:
+        return  # chosen by rule on the loaded model: no header is read for it
     directory = local_directory(location)
     inventory = checkpoint_inventory(directory) if directory is not None else None
     if inventory is not None:

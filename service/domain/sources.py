@@ -18,7 +18,7 @@ from service.domain.errors import Problem, invalid
 from service.infra.artifacts import ArtifactStore, safe_relative, url_to_fs
 from service.settings import Settings
 from worker.engine.errors import EngineInputError
-from worker.engine.model_files import MAX_CONFIG_BYTES, check_model_files
+from worker.engine.model_files import check_model_files
 
 BUCKET = re.compile(r"^s3://([a-z0-9][a-z0-9.\-]{1,61}[a-z0-9])(/.*)?$")
 
@@ -128,9 +128,9 @@ def _check_files(settings: Settings, files: list[tuple], source: str) -> None:
                       f"{settings.max_source_bytes} (LETHE_MAX_SOURCE_BYTES)", "source")
     openers = {rel: opener for rel, _, opener in files}
 
-    def read(name: str) -> bytes:
+    def read(name: str, limit: int) -> bytes:
         with openers[name]() as f:
-            return f.read(MAX_CONFIG_BYTES + 1)
+            return f.read(limit)
 
     try:  # the files are data, never directions: nothing in them may point outside the folder or name code
         check_model_files(openers, read, field="source")

@@ -96,6 +96,8 @@ class ModelVersion(Base):
     location: Mapped[str] = mapped_column(Text)  # the artifact store prefix
     manifest: Mapped[list] = mapped_column(JSON)  # [{"path", "size", "sha256"}]
     manifest_sha256: Mapped[str] = mapped_column(String(64))
+    # Its parameter count from its safetensors headers, read once (-1: it has none); None: not read yet.
+    parameters: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     erased_request_ids: Mapped[list] = mapped_column(JSON, default=list)
     tags: Mapped[list] = mapped_column(JSON, default=list)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)

@@ -229,3 +229,30 @@ def test_the_embedded_broker_hands_out_messages_in_the_order_they_were_sent(tmp_
         channel = connection.default_channel
         received = [channel._get("q")["headers"]["argsrepr"] for _ in range(12)]
     assert received == [repr([f"job-{i}"]) for i in range(12)]
+
+
+def test_safetensors_headers_are_capped_at_registration_and_counted_once(client, fixture_model, tmp_path):
+    """Issue 26: a header claiming more than 16 MiB is refused before a byte is copied (the service read up to
+    100 MiB per shard on every submission); a registered version's parameter count is read once and kept, so a
+    submission reads no header."""
+    from service.domain import capacity
+    from service.infra.tables import ModelVersion
+
+    folder = tmp_path / "huge-header"
+    shutil.copytree(fixture_model, folder)
+    weights = folder / "model.safetensors"
+    data = weights.read_bytes()
+    weights.write_bytes((20 * 2**20).to_bytes(8, "little") + data[8:])
+    before = count(Model)
+    answer = register(client, str(folder))
+    assert answer.status_code == 422 and "model.safetensors: a safetensors header of 20971520 bytes" in answer.text
+    assert count(Model) == before
+
+    answer = register(client, str(fixture_model))
+    assert answer.status_code == 201, answer.text
+    with session_scope() as session:
+        version = session.scalars(select(ModelVersion).where(ModelVersion.model_id == answer.json()["id"])).one()
+        expected = capacity.checkpoint_parameters(ArtifactStore(os.environ["LETHE_ARTIFACT_ROOT"]), version)
+        assert version.parameters == expected and expected > 0
+        # Counted from the row: a store holding nothing is never asked.
+        assert capacity.version_parameters(ArtifactStore(str(tmp_path / "empty-store")), version) == expected

@@ -22,6 +22,9 @@ CONFIG_FILES = ("config.json", "tokenizer_config.json", "generation_config.json"
 # that needs them says so at registration instead of loading as something else.
 CODE_KEYS = ("auto_map", "custom_pipelines")
 MAX_CONFIG_BYTES = 16 * 2**20  # a config past this is not a config; its parse would cost the API the memory
+# A safetensors header (its JSON table of tensors) past this is refused: a real one is kilobytes (a 70B model's
+# largest shard names about a thousand tensors); safetensors' own limit, 100 MB, is memory every read would cost.
+MAX_HEADER_BYTES = 16 * 2**20
 
 
 def plain_name(value: object) -> bool:
@@ -33,14 +36,17 @@ def plain_name(value: object) -> bool:
     return all(part not in ("", ".", "..") for part in value.split("/")) and posixpath.normpath(value) == value
 
 
-def check_model_files(names: Iterable[str], read: Callable[[str], bytes], field: str = "model") -> None:
-    """Refuse a checkpoint whose JSON points outside its own files. `names`: every file's relative name;
-    `read(name)`: its bytes (only JSON configs and shard indexes are read). Raises EngineInputError naming the file
-    and key."""
+def check_model_files(names: Iterable[str], read: Callable[[str, int], bytes], field: str = "model") -> None:
+    """Refuse a checkpoint whose JSON points outside its own files, or whose safetensors headers are past
+    MAX_HEADER_BYTES. `names`: every file's relative name; `read(name, limit)`: its first `limit` bytes (only JSON
+    configs, shard indexes and the 8-byte length of each safetensors header are read). Raises EngineInputError
+    naming the file and key."""
     files = set(names)
     for name in sorted(files):
         base = posixpath.basename(name)
-        if base == "adapter_config.json":
+        if base.endswith(".safetensors"):
+            _check_header_length(name, read(name, 8), field)
+        elif base == "adapter_config.json":
             _refuse_adapter(name, read, field)
         elif base.endswith(".index.json"):
             _check_index(name, _load(name, read, field), files, field)
@@ -52,11 +58,28 @@ def check_model_folder(directory: str | Path, field: str = "model") -> None:
     """check_model_files on a folder on this machine (the worker, before from_pretrained reads it)."""
     root = Path(directory)
     names = [p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file()]
-    check_model_files(names, lambda name: (root / name).read_bytes(), field)
+
+    def read(name: str, limit: int) -> bytes:
+        with (root / name).open("rb") as handle:
+            return handle.read(limit)
+
+    check_model_files(names, read, field)
 
 
-def _load(name: str, read: Callable[[str], bytes], field: str):
-    data = read(name)
+def header_length(first_bytes: bytes) -> int | None:
+    """A safetensors header's length from the file's first 8 bytes (None: too short to be one)."""
+    return int.from_bytes(first_bytes[:8], "little") if len(first_bytes) >= 8 else None
+
+
+def _check_header_length(name: str, first_bytes: bytes, field: str) -> None:
+    length = header_length(first_bytes)
+    if length is None or not 0 < length <= MAX_HEADER_BYTES:
+        raise EngineInputError(f"{name}: a safetensors header of {length} bytes; a header holds 1 to "
+                               f"{MAX_HEADER_BYTES} bytes (a table of tensors, not data)", field=field)
+
+
+def _load(name: str, read: Callable[[str, int], bytes], field: str):
+    data = read(name, MAX_CONFIG_BYTES + 1)
     if len(data) > MAX_CONFIG_BYTES:
         raise EngineInputError(f"{name}: {len(data)} bytes, more than a configuration file holds "
                                f"({MAX_CONFIG_BYTES})", field=field)
@@ -112,7 +135,7 @@ def _items(config):
             stack.extend((f"{prefix}[{i}]", value) for i, value in enumerate(node))
 
 
-def _refuse_adapter(name: str, read: Callable[[str], bytes], field: str) -> None:
+def _refuse_adapter(name: str, read: Callable[[str, int], bytes], field: str) -> None:
     """A PEFT adapter folder makes from_pretrained load another model (`base_model_name_or_path`, a path or a Hub
     id) and apply the adapter to it: a model is registered merged, as the model it is."""
     adapter = _load(name, read, field)

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from worker.engine.errors import EngineInputError
+from worker.engine.model_files import MAX_HEADER_BYTES
 
 AUTO = "auto"
 PROJECTION_KINDS = ("linear", "conv1d")  # nn.Linear and transformers' Conv1D (GPT-2 and kin)
@@ -151,6 +152,6 @@ def shape_from_config(config: dict) -> Shape:
 def _safetensors_header(path: Path) -> dict:
     with path.open("rb") as handle:
         (length,) = struct.unpack("<Q", handle.read(8))
-        if length > 100_000_000:
-            raise EngineInputError(f"{path.name}: not a safetensors file")
+        if length > MAX_HEADER_BYTES:
+            raise EngineInputError(f"{path.name}: a safetensors header of {length} bytes, over {MAX_HEADER_BYTES}")
         return json.loads(handle.read(length))
