@@ -44,6 +44,10 @@ class Settings(BaseSettings):
     lease_seconds: float = 60.0  # a job whose worker is silent this long is taken over
     heartbeat_seconds: float = 2.0
     sweep_seconds: float = 10.0  # how often QUEUED and orphaned jobs are re-sent to the queue
+    # The most wall-clock seconds a job may take from its first start, over all its attempts (0: no limit). Past it
+    # the worker stops the job at its next heartbeat and it ends FAILED (time-limit); a worker stuck past it by more
+    # than TIME_LIMIT_GRACE is killed by Celery, and the job's next delivery ends it.
+    max_job_seconds: float = 24 * 3600.0
     # How long a report keeps the answers quoted as examples (requested with audit.examples); then each is replaced by
     # its sha256 (service.reports.examples). 30 days.
     examples_retention_seconds: float = 30 * 86400.0

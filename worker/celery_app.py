@@ -10,8 +10,13 @@ os.environ["TRANSFORMERS_OFFLINE"] = "1"
 from celery.signals import worker_process_init, worker_process_shutdown  # noqa: E402
 
 from service.infra.queue import RUN_JOB, get_celery  # noqa: E402
+from service.settings import get_settings  # noqa: E402
 
 app = get_celery()
+# A job past LETHE_MAX_JOB_SECONDS stops at its next heartbeat (worker.work.LeaseKeeper); one stuck inside a step
+# for this much longer is killed with its pool child, and its next delivery ends it FAILED (time-limit).
+TIME_LIMIT_GRACE = 600.0
+HARD_LIMIT = get_settings().max_job_seconds + TIME_LIMIT_GRACE if get_settings().max_job_seconds > 0 else None
 
 
 @worker_process_init.connect
@@ -34,7 +39,7 @@ def withdraw_device(**_):
     withdraw()
 
 
-@app.task(name=RUN_JOB, acks_late=True, reject_on_worker_lost=True)
+@app.task(name=RUN_JOB, acks_late=True, reject_on_worker_lost=True, time_limit=HARD_LIMIT)
 def run_job(job_id: str) -> str:
     from worker.runner import run
 

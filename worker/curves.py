@@ -16,7 +16,7 @@ from service.infra.artifacts import ArtifactStore
 from service.infra.tables import Job
 from service.reports.evidence import build_connectivity_report, verdict
 from service.settings import Settings
-from worker.work import LeaseKeeper, Work, while_ours
+from worker.work import LeaseKeeper, Work, time_limit_problem, while_ours
 
 log = logging.getLogger("lethe.worker")
 ENSEMBLE_TAG = "mcu-ensemble"
@@ -144,6 +144,8 @@ def execute_connectivity(work: Work, keeper: LeaseKeeper, settings: Settings, st
         outcome = None
     if keeper.lost.is_set():
         return "lease lost"
+    if keeper.timed_out.is_set():
+        return while_ours(work.job_id, keeper, lambda session, job: _time_limit(job, keeper, settings))
     curve = None
     if outcome is not None:
         curve = {"a": a, "result": outcome.result}
@@ -166,3 +168,8 @@ def execute_connectivity(work: Work, keeper: LeaseKeeper, settings: Settings, st
         return f"succeeded: {row.id}"
 
     return while_ours(work.job_id, keeper, finish)
+
+
+def _time_limit(job: Job, keeper: LeaseKeeper, settings: Settings) -> str:
+    end_job(job, "FAILED", error=time_limit_problem(settings.max_job_seconds), **still_ours(keeper.owner))
+    return "failed: time limit"

@@ -22,7 +22,17 @@ from service.reports.evidence import build_report
 from service.settings import Settings, get_settings
 from worker.curves import execute_connectivity, measure_curves, record_curves
 from worker.engine.errors import EngineInputError
-from worker.work import READABLE, LeaseKeeper, Work, model_busy, predates, read_work, while_ours
+from worker.work import (
+    READABLE,
+    LeaseKeeper,
+    Work,
+    deadline,
+    model_busy,
+    predates,
+    read_work,
+    time_limit_problem,
+    while_ours,
+)
 
 log = logging.getLogger("lethe.worker")
 
@@ -45,11 +55,15 @@ def run(job_id: str) -> str:
         if job.state == "CANCELLING":
             end_job(job, "CANCELLED", result=_summary(None, "cancelled", 0, 0.0))
             return "cancelled"
+        ends = deadline(job, settings.max_job_seconds)
+        if ends is not None and utcnow() >= ends:  # a delivery after its worker was killed at the time limit
+            end_job(job, "FAILED", error=time_limit_problem(settings.max_job_seconds))
+            return "failed: time limit"
         work = read_work(session, job)
         if work is None:
             return "failed: base version predates erasures"
 
-    keeper = LeaseKeeper(job_id, owner)
+    keeper = LeaseKeeper(job_id, owner, ends)
     keeper.start()
     try:
         return _execute(work, keeper, settings)
@@ -76,6 +90,8 @@ def _execute(work: Work, keeper: LeaseKeeper, settings: Settings) -> str:
             result, model, tokenizer = _unlearn(work, str(source), settings, progress, keeper, Path(tmp))
             if keeper.lost.is_set():
                 return "lease lost"  # another worker owns the job now; write nothing
+            if keeper.timed_out.is_set():
+                return _fail(work.job_id, keeper, time_limit_problem(settings.max_job_seconds))
             location = work.folder("model")
             manifest, audit, curves = None, None, []
             if model is not None:
@@ -91,6 +107,9 @@ def _execute(work: Work, keeper: LeaseKeeper, settings: Settings) -> str:
                 if work.curves_from:  # the curves load both ends themselves
                     curves = measure_curves(work, str(Path(tmp) / "out"), store, Path(tmp), keeper, settings.device,
                                             lambda m, t: _audit(work, m, t, str(source), store, Path(tmp)))
+            if keeper.timed_out.is_set():  # the audit or the curves ran past the limit: the version is not made
+                store.delete(work.folder(""))
+                return _fail(work.job_id, keeper, time_limit_problem(settings.max_job_seconds))
             finished = _finish(work, keeper, result, location, manifest, audit, curves)
             if finished == "lease lost" and manifest is not None:
                 store.delete(work.folder(""))  # nothing points at it

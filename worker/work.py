@@ -6,6 +6,7 @@ import logging
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -23,7 +24,7 @@ from service.domain.lineage import (
     missing_erasures,
 )
 from service.infra.db import session_scope
-from service.infra.tables import TERMINAL, Job, Model, ModelVersion, RetrainReference
+from service.infra.tables import TERMINAL, Job, Model, ModelVersion, RetrainReference, utcnow
 from service.settings import get_settings
 from worker.engine.jobspec import JobSpec
 
@@ -33,13 +34,14 @@ log = logging.getLogger("lethe.worker")
 class LeaseKeeper(threading.Thread):
     """Renews the lease and publishes progress every heartbeat; notices cancellation and a lost lease."""
 
-    def __init__(self, job_id: str, owner: str):
+    def __init__(self, job_id: str, owner: str, deadline: datetime | None = None):
         super().__init__(name=f"lease-{job_id}", daemon=True)
-        self.job_id, self.owner = job_id, owner
+        self.job_id, self.owner, self.deadline = job_id, owner, deadline
         self.settings = get_settings()
         self.latest_progress: dict | None = None
         self.cancelled = threading.Event()
         self.lost = threading.Event()
+        self.timed_out = threading.Event()  # past the job's wall-clock limit (LETHE_MAX_JOB_SECONDS)
         self.done = threading.Event()
 
     def beat(self) -> None:
@@ -50,6 +52,8 @@ class LeaseKeeper(threading.Thread):
             self.lost.set()
         if cancel:
             self.cancelled.set()
+        if self.deadline is not None and utcnow() >= self.deadline:
+            self.timed_out.set()
 
     def run(self) -> None:
         while not self.done.wait(self.settings.heartbeat_seconds):
@@ -59,7 +63,21 @@ class LeaseKeeper(threading.Thread):
                 log.exception("heartbeat failed for job %s", self.job_id)
 
     def should_stop(self) -> bool:
-        return self.cancelled.is_set() or self.lost.is_set()
+        return self.cancelled.is_set() or self.lost.is_set() or self.timed_out.is_set()
+
+
+def deadline(job: Job, max_seconds: float) -> datetime | None:
+    """When the job's wall-clock limit runs out: from its first start, whatever attempt this is."""
+    if max_seconds <= 0 or job.started_at is None:
+        return None
+    return job.started_at + timedelta(seconds=max_seconds)
+
+
+def time_limit_problem(max_seconds: float) -> dict:
+    return Problem(504, "time-limit", "Time limit exceeded",
+                   f"the job ran longer than this service allows a job ({max_seconds:.0f} s from its first start, "
+                   "LETHE_MAX_JOB_SECONDS); no version was made. Fewer records, a smaller max_steps, or a device "
+                   "with more throughput").body()
 
 
 @dataclass

@@ -15,8 +15,9 @@ RECORDS = [{"id": "r1", "prompt": "Q", "completion": "A"}]
 
 def make_job(model_id: str, **fields) -> str:
     with session_scope() as session:
+        records = fields.pop("forget_records", RECORDS)
         job = Job(id=new_id("job"), tenant="default", model_id=model_id, base_version=1, request_id="lease-test",
-                  method="masc", params={}, forget_records=RECORDS, forget_evidence=forget_evidence(RECORDS),
+                  method="masc", params={}, forget_records=records, forget_evidence=forget_evidence(records),
                   progress={}, max_attempts=3, cancel_requested=False, **{"state": "QUEUED", "attempt": 0, **fields})
         session.add(job)
         return job.id
@@ -82,3 +83,37 @@ def test_sweeper_resends_orphans_once_per_expiry(registered_model):
                          lease_expires_at=now - timedelta(seconds=5))
     sweep_once()
     assert read(exhausted).state == "FAILED"
+
+
+def test_a_job_past_its_wall_clock_limit_is_stopped_and_fails(client, fixture_model, forget_records, monkeypatch):
+    """Issue 26: LETHE_MAX_JOB_SECONDS. A run past it stops at the next heartbeat and ends FAILED (time-limit), no
+    version made; a job delivered again after its worker was killed at the limit ends FAILED at once."""
+    from service.infra.tables import ModelVersion
+    from tests.service.conftest import clear_caches
+    from tests.service.helpers import register
+    from worker.engine.jobspec import JobSpec
+
+    registered_model = register(client, str(fixture_model)).json()  # its own: other tests leave jobs running
+    # Started two days ago (a worker killed at the limit, the message delivered again): no new attempt runs.
+    stale = make_job(registered_model["id"], state="QUEUED", attempt=1, started_at=utcnow() - timedelta(days=2))
+    assert run(stale) == "failed: time limit"
+    job = read(stale)
+    assert job.state == "FAILED" and job.error["type"].endswith("/time-limit")
+
+    monkeypatch.setenv("LETHE_MAX_JOB_SECONDS", "3")
+    clear_caches()
+    try:
+        # A run that would go on for a long while (a learning rate that moves nothing): stopped after about 3 s.
+        spec = JobSpec.unlearning("masc", {"lr": 1e-12, "max_steps": 100000}).stored()
+        with session_scope() as session:
+            versions = session.query(ModelVersion).filter_by(model_id=registered_model["id"]).count()
+        slow = make_job(registered_model["id"], spec=spec, forget_records=forget_records[:4])
+        assert run(slow) == "failed"
+        job = read(slow)
+        assert job.state == "FAILED" and job.error["type"].endswith("/time-limit"), job.error
+        assert 3 <= (job.ended_at - job.started_at).total_seconds() < 60
+        with session_scope() as session:
+            assert session.query(ModelVersion).filter_by(model_id=registered_model["id"]).count() == versions
+    finally:
+        monkeypatch.delenv("LETHE_MAX_JOB_SECONDS")
+        clear_caches()
