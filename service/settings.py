@@ -63,6 +63,7 @@ class Settings(BaseSettings):
     # Webhooks (service.domain.webhooks): targets on loopback, link-local or private networks are refused unless
     # the operator allows them; a delivery is retried with exponential backoff, then dead-lettered.
     webhook_allow_private: bool = False
+    max_webhook_endpoints: int = 10  # per tenant, not deleted: each is a POST per event for the workers to make
     webhook_max_attempts: int = 10
     webhook_backoff_seconds: float = 5.0  # the first retry's delay; each next one doubles, up to an hour
     webhook_timeout_seconds: float = 10.0

@@ -2,9 +2,10 @@
 (service.domain.webhooks), signed, each under a claim so that two workers never send one delivery at once, and
 records every attempt. A delivery whose dispatcher dies is retried once its claim lapses: at least once.
 
-One endpoint cannot hold the others up: deliveries go out a few at a time, each POST has a total deadline (a
-receiver that drips its answer is cut off), the answer's body is never read, and the connection goes to the
-address that was checked, not to whatever the name resolves to a moment later."""
+One endpoint cannot hold the others up: deliveries go out a few at a time, one per endpoint and at most PER_TENANT
+per tenant, tenants taking turns (service.domain.webhooks.fair_pick); each POST has a total deadline (a receiver
+that drips its answer is cut off), the answer's body is never read, and the connection goes to the address that was
+checked, not to whatever the name resolves to a moment later."""
 from __future__ import annotations
 
 import json
@@ -12,7 +13,7 @@ import logging
 import secrets
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import httpx
 
@@ -23,6 +24,7 @@ from service.settings import Settings, get_settings
 
 log = logging.getLogger("lethe.webhooks")
 CONCURRENCY = 4  # deliveries in flight per worker process
+PER_TENANT = 2  # of which one tenant's at most: the others' deliveries always find a slot
 
 
 def post(url: str, address: str, body: bytes, headers: dict[str, str], deadline: float) -> int:
@@ -93,12 +95,20 @@ class Dispatcher(threading.Thread):
             log.exception("webhook delivery %s failed", delivery_id)
 
     def run(self) -> None:
+        """Slots are refilled as deliveries finish, never a round at a time: a slow POST holds its own slot only."""
+        in_flight: dict[Future, tuple[str, str]] = {}  # each running delivery's (tenant, endpoint)
         with ThreadPoolExecutor(CONCURRENCY, thread_name_prefix="webhook") as pool:
             while not self.stopped.wait(self.settings.webhook_poll_seconds):
+                for future in [f for f in in_flight if f.done()]:
+                    del in_flight[future]
+                if len(in_flight) == CONCURRENCY:
+                    continue
                 try:
                     with session_scope() as session:
-                        ready = webhooks.due(session, utcnow(), limit=CONCURRENCY * 4)
-                    list(pool.map(self.deliver, ready))
+                        heads = webhooks.due_heads(session, utcnow())
+                    for delivery_id, tenant, endpoint in webhooks.fair_pick(
+                            heads, list(in_flight.values()), CONCURRENCY - len(in_flight), PER_TENANT):
+                        in_flight[pool.submit(self.deliver, delivery_id)] = (tenant, endpoint)
                 except Exception:  # a database hiccup: the next round tries again
                     log.exception("webhook dispatch failed")
 

@@ -4,7 +4,7 @@ takes jobs:read."""
 from __future__ import annotations
 
 from fastapi import APIRouter, Depends, Header, Query, Request
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from service.api.auth import Principal, require
@@ -13,6 +13,7 @@ from service.api.pagination import paginate
 from service.api.schemas import DeliveryOut, Page, WebhookCreate, WebhookOut
 from service.domain import audit_log, webhooks
 from service.domain.errors import Problem, not_found
+from service.domain.jobs import ENDPOINTS_LOCK, lock_tenant
 from service.infra.db import INJECTED, transactional
 from service.infra.tables import WebhookDelivery, WebhookEndpoint, utcnow
 from service.settings import get_settings
@@ -50,6 +51,13 @@ def create_endpoint(body: WebhookCreate, request: Request, who: Principal = Depe
     timestamp within 5 minutes, and each webhook-id once)."""
     def create():
         settings = get_settings()
+        lock_tenant(session, who.tenant, ENDPOINTS_LOCK)
+        active = session.scalar(select(func.count()).select_from(WebhookEndpoint).where(
+            WebhookEndpoint.tenant == who.tenant, WebhookEndpoint.disabled_at.is_(None))) or 0
+        if active >= settings.max_webhook_endpoints:
+            raise Problem(409, "too-many-endpoints", "Too many webhook endpoints",
+                          f"this tenant has {active} webhook endpoints, the most it may have "
+                          "(LETHE_MAX_WEBHOOK_ENDPOINTS); delete one first")
         endpoint = WebhookEndpoint(tenant=who.tenant, url=webhooks.check_url(body.url, settings.webhook_allow_private),
                                    events=webhooks.check_events(body.events), description=body.description,
                                    secret=webhooks.new_secret())

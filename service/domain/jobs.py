@@ -67,15 +67,17 @@ def new_job(tenant: str, model: Model, spec: JobSpec, *, request_id: str, base_v
                mcu_options=mcu_options)
 
 
-QUOTA_LOCK = 7310002  # the advisory lock class of per-tenant quota checks (the audit log's is 7310001)
+# Advisory lock classes of per-tenant counts that a check and an insert must see alike (the audit log's is 7310001).
+QUOTA_LOCK = 7310002  # jobs not ended
+ENDPOINTS_LOCK = 7310003  # webhook endpoints
 
 
-def lock_tenant_quota(session: Session, tenant: str) -> None:
-    """Hold the tenant's quota until the transaction ends, so that two submissions cannot both count the jobs before
-    either inserts its own (PostgreSQL: an advisory lock per tenant; SQLite: the database's write lock)."""
+def lock_tenant(session: Session, tenant: str, lock_class: int = QUOTA_LOCK) -> None:
+    """Hold one of the tenant's counts until the transaction ends, so that two requests cannot both count before
+    either inserts its own (PostgreSQL: an advisory lock per tenant and class; SQLite: the database's write lock)."""
     if session.get_bind().dialect.name == "postgresql":
         key = int.from_bytes(hashlib.sha256(tenant.encode()).digest()[:4], "big", signed=True)
-        session.execute(text("SELECT pg_advisory_xact_lock(:cls, :key)"), {"cls": QUOTA_LOCK, "key": key})
+        session.execute(text("SELECT pg_advisory_xact_lock(:cls, :key)"), {"cls": lock_class, "key": key})
     else:  # a write that changes nothing still takes SQLite's write lock, held to the commit
         session.execute(update(Job).where(Job.id == "").values(id=Job.id).execution_options(synchronize_session=False))
 
@@ -84,7 +86,7 @@ def check_quota(session: Session, tenant: str, settings) -> None:
     """429 when the tenant already has max_active_jobs jobs not ended, or its jobs ran more worker seconds
     than max_worker_seconds_per_day over the last 24 hours. The tenant's quota stays locked to the end of the
     caller's transaction, which inserts the job: parallel submissions are counted one after another."""
-    lock_tenant_quota(session, tenant)
+    lock_tenant(session, tenant)
     active = session.scalar(select(func.count()).select_from(Job).where(Job.tenant == tenant,
                                                                        Job.state.not_in(TERMINAL)))
     if active >= settings.max_active_jobs:

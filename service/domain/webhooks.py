@@ -18,7 +18,7 @@ import socket
 from datetime import datetime, timedelta
 from urllib.parse import urlsplit
 
-from sqlalchemy import or_, select, update
+from sqlalchemy import func, or_, select, update
 from sqlalchemy.orm import Session
 
 from service.domain.errors import invalid
@@ -153,12 +153,49 @@ def enqueue(session: Session, entry: AuditEntry) -> None:
                                         log=[]))
 
 
-def due(session: Session, now: datetime, limit: int = 20) -> list[str]:
-    """Deliveries whose next attempt is due and that no live claim holds, oldest first."""
-    return list(session.scalars(select(WebhookDelivery.id).where(
-        WebhookDelivery.state == "PENDING", WebhookDelivery.next_attempt_at <= now,
-        or_(WebhookDelivery.claimed_until.is_(None), WebhookDelivery.claimed_until < now))
-        .order_by(WebhookDelivery.created_at).limit(limit)))
+def due_heads(session: Session, now: datetime) -> list[tuple[str, str, str]]:
+    """(delivery id, tenant, endpoint id) of each endpoint's oldest due delivery, oldest first, leaving out endpoints
+    with a delivery in flight (a live claim, by any dispatcher): an endpoint gets one POST at a time, so a slow one
+    holds one slot, and a tenant's backlog on one endpoint never hides another's deliveries."""
+    live = select(WebhookDelivery.endpoint_id).where(WebhookDelivery.state == "PENDING",
+                                                     WebhookDelivery.claimed_until >= now)
+    ready = select(WebhookDelivery.id, WebhookDelivery.tenant, WebhookDelivery.endpoint_id, WebhookDelivery.created_at,
+                   func.row_number().over(partition_by=WebhookDelivery.endpoint_id,
+                                          order_by=(WebhookDelivery.created_at, WebhookDelivery.id)).label("rank")
+                   ).where(WebhookDelivery.state == "PENDING", WebhookDelivery.next_attempt_at <= now,
+                           or_(WebhookDelivery.claimed_until.is_(None), WebhookDelivery.claimed_until < now),
+                           WebhookDelivery.endpoint_id.not_in(live)).subquery()
+    rows = session.execute(select(ready.c.id, ready.c.tenant, ready.c.endpoint_id).where(ready.c.rank == 1)
+                           .order_by(ready.c.created_at)).all()
+    return [(row[0], row[1], row[2]) for row in rows]
+
+
+def fair_pick(heads: list[tuple[str, str, str]], busy: list[tuple[str, str]], slots: int,
+              per_tenant: int) -> list[tuple[str, str, str]]:
+    """Which of `heads` (oldest first) to start in `slots` free slots, given the (tenant, endpoint) pairs already in
+    flight here: tenants take turns (round robin, the one with the oldest delivery first), each at most `per_tenant`
+    in flight, one per endpoint."""
+    in_flight: dict[str, int] = {}
+    for tenant, _ in busy:
+        in_flight[tenant] = in_flight.get(tenant, 0) + 1
+    taken_endpoints = {endpoint for _, endpoint in busy}
+    queues: dict[str, list[tuple[str, str, str]]] = {}
+    for head in heads:
+        if head[2] not in taken_endpoints:
+            queues.setdefault(head[1], []).append(head)
+    picked: list[tuple[str, str, str]] = []
+    while len(picked) < slots:
+        progressed = False
+        for tenant, waiting in queues.items():  # insertion order: the tenant with the oldest delivery first
+            if len(picked) == slots:
+                break
+            if waiting and in_flight.get(tenant, 0) < per_tenant:
+                picked.append(waiting.pop(0))
+                in_flight[tenant] = in_flight.get(tenant, 0) + 1
+                progressed = True
+        if not progressed:
+            break
+    return picked
 
 
 def claim(session: Session, delivery_id: str, token: str, now: datetime, seconds: float) -> bool:

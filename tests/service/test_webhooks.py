@@ -168,3 +168,68 @@ def test_bad_endpoints_and_other_tenants(client, hook):
     assert client.post("/v1/webhooks", headers=auth(reader.json()["key"]), json={"url": hook.url}).status_code == 403
     gone = client.delete(f"/v1/webhooks/{mine['id']}", headers=auth()).json()
     assert gone["disabled_at"] is not None
+
+
+def tenant_admin(client, tenant):
+    answer = client.post("/v1/api-keys", headers=auth(), json={"tenant": tenant, "scopes": ["admin", "jobs:read"]})
+    assert answer.status_code == 201, answer.text
+    return answer.json()["key"]
+
+
+def test_a_tenants_slow_endpoints_do_not_hold_up_another_tenants_deliveries(client, worker, hook):
+    """Issue 26: four slow endpoints of one tenant took every slot of the dispatcher (and it waited for a whole
+    round); now each endpoint has one POST in flight and a tenant at most two, so another tenant's event goes out
+    at once."""
+    from service.domain import audit_log
+    from service.infra.db import session_scope
+
+    slow_seen = []
+
+    class Slow(BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802
+            self.rfile.read(int(self.headers.get("content-length", 0)))
+            slow_seen.append(time.time())
+            time.sleep(2.5)
+            self.send_response(204)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    slow = ThreadingHTTPServer(("127.0.0.1", 0), Slow)
+    threading.Thread(target=slow.serve_forever, daemon=True).start()
+    slow_key, fast_key = tenant_admin(client, "slowco"), tenant_admin(client, "fastco")
+    endpoints = [client.post("/v1/webhooks", headers=auth(slow_key), json={
+        "url": f"http://127.0.0.1:{slow.server_address[1]}/s{i}", "events": ["job.*"]}).json() for i in range(4)]
+    fast = client.post("/v1/webhooks", headers=auth(fast_key), json={"url": hook.url + "/fastco",
+                                                                     "events": ["job.*"]}).json()
+    try:
+        with session_scope() as session:
+            for i in range(3):  # twelve slow deliveries, queued first
+                audit_log.append(session, "slowco", "job.queued", f"job_slow{i}", {"request_id": f"s{i}"})
+        time.sleep(0.5)  # the dispatcher has started on them
+        with session_scope() as session:
+            audit_log.append(session, "fastco", "job.queued", "job_fast", {"request_id": "f"})
+        sent = time.time()
+        deadline = sent + 20
+        while not hook.accepted("/fastco") and time.time() < deadline:
+            time.sleep(0.05)
+        assert hook.accepted("/fastco"), "the other tenant's delivery never arrived"
+        waited = time.time() - sent
+        assert waited < 2.0, f"fastco waited {waited:.1f} s behind slowco's endpoints"
+        assert slow_seen, "the slow deliveries were not being sent"
+    finally:
+        for endpoint in endpoints:
+            client.delete(f"/v1/webhooks/{endpoint['id']}", headers=auth(slow_key))
+        client.delete(f"/v1/webhooks/{fast['id']}", headers=auth(fast_key))
+        slow.shutdown()
+
+
+def test_a_tenant_has_at_most_max_webhook_endpoints(client, hook):
+    key = tenant_admin(client, "manyhooks")
+    made = [client.post("/v1/webhooks", headers=auth(key), json={"url": hook.url + f"/m{i}"}) for i in range(10)]
+    assert all(m.status_code == 201 for m in made)
+    refused = client.post("/v1/webhooks", headers=auth(key), json={"url": hook.url + "/m10"})
+    assert refused.status_code == 409 and "LETHE_MAX_WEBHOOK_ENDPOINTS" in refused.json()["detail"]
+    client.delete(f"/v1/webhooks/{made[0].json()['id']}", headers=auth(key))
+    assert client.post("/v1/webhooks", headers=auth(key), json={"url": hook.url + "/m10"}).status_code == 201
