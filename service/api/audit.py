@@ -57,14 +57,27 @@ class Checkpoint(BaseModel):
 class VerifyRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
     checkpoints: list[Checkpoint] = Field(default_factory=list, max_length=1000)
+    full: bool = False  # walk from the first entry (admin keys only)
 
 
 @router.get("/v1/audit-log/verify")
 @transactional
-def verify(who: Principal = Depends(require("jobs:read")), session: Session = INJECTED):
-    """Walk the chain; the caller's entries counted, and a signed checkpoint of the head to keep."""
+def verify(who: Principal = Depends(require("jobs:read")), session: Session = INJECTED,
+           full: bool = Query(False, description="walk from the first entry (admin keys only), not from the point "
+                                                 "the last verification reached")):
+    """Walk the chain on from where the last verification found it whole (`from_seq`; a signed record of it), or
+    whole with `full`; the caller's entries counted, and a signed checkpoint of the head to keep."""
     key = audit_log.signing_key(get_settings())
-    return {**audit_log.verify(session, key, tenant=who.tenant), "checkpoint": audit_log.checkpoint(session, key)}
+    return {**audit_log.verify(session, key, tenant=who.tenant, full=_full(who, full)),
+            "checkpoint": audit_log.checkpoint(session, key)}
+
+
+def _full(who: Principal, full: bool) -> bool:
+    """A whole walk reads every entry: an admin's to ask for (a reader's key could otherwise load the database at
+    will)."""
+    if full and "admin" not in who.scopes:
+        raise Problem(403, "forbidden", "Forbidden", "full=true walks the whole chain: an admin key's call")
+    return full
 
 
 @router.post("/v1/audit-log/verify")
@@ -73,7 +86,8 @@ def verify_against(body: VerifyRequest, who: Principal = Depends(require("jobs:r
     """As GET, and every checkpoint the caller kept (from reports or earlier calls) must still hold: our
     signature, and its entry present with that hash. A chain cut back or rewritten whole fails here."""
     key = audit_log.signing_key(get_settings())
-    result = audit_log.verify(session, key, [c.model_dump() for c in body.checkpoints], tenant=who.tenant)
+    result = audit_log.verify(session, key, [c.model_dump() for c in body.checkpoints], tenant=who.tenant,
+                              full=_full(who, body.full))
     return {**result, "checkpoint": audit_log.checkpoint(session, key)}
 
 

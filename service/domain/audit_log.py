@@ -19,11 +19,11 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from sqlalchemy import select, text
+from sqlalchemy import func, select, text
 from sqlalchemy.orm import Session
 
 from service.domain import webhooks
-from service.infra.tables import AuditEntry, utcnow
+from service.infra.tables import AuditEntry, AuditVerification, utcnow
 
 GENESIS = "0" * 64
 # The key under which entries written before issue 26 named a request's subjects by plain sha256: kept in the chain,
@@ -98,31 +98,66 @@ def checkpoint(session: Session, key: bytes) -> dict:
 
 
 def verify(session: Session, key: bytes | None = None, checkpoints: Sequence[dict] = (),
-           tenant: str | None = None) -> dict:
-    """Walk the whole chain in order; the first entry whose link or content does not check is named; then
-    every checkpoint given must carry our signature and name an entry that is still there with that hash.
-    `tenant`: count that tenant's entries only (the walk still covers every link)."""
-    prev, count, hashes, wanted = GENESIS, 0, {}, {int(c["seq"]) for c in checkpoints}
-    for entry in session.scalars(select(AuditEntry).order_by(AuditEntry.seq)).yield_per(1000):
+           tenant: str | None = None, full: bool = False) -> dict:
+    """Walk the chain in order; the first entry whose link or content does not check is named; then every checkpoint
+    given must carry our signature and name an entry that is still there with that hash. With the key, the walk
+    starts after the last verified point (a signed AuditVerification whose entry still has its hash) unless `full`;
+    a whole chain is recorded as the new verified point. `tenant`: count that tenant's entries only."""
+    start = None if full or key is None else _verified_point(session, key)
+    if start is not None and start.get("broken_at"):
+        return {**start, "entries": _count(session, tenant), "from_seq": 0}
+    prev, after = (start["hash"], start["seq"]) if start else (GENESIS, 0)
+    last_seq, walked = after, 0
+    for entry in session.scalars(select(AuditEntry).where(AuditEntry.seq > after)
+                                 .order_by(AuditEntry.seq)).yield_per(1000):
         if entry.prev_hash != prev:
-            return {"ok": False, "entries": count, "broken_at": entry.seq,
+            return {"ok": False, "entries": _count(session, tenant), "broken_at": entry.seq, "from_seq": after,
                     "reason": "prev_hash does not match the hash of the entry before it "
                               "(a row was removed or inserted)"}
         if entry_hash(prev, _stamp(entry), entry.tenant, entry.kind, entry.subject, entry.data) != entry.hash:
-            return {"ok": False, "entries": count, "broken_at": entry.seq,
+            return {"ok": False, "entries": _count(session, tenant), "broken_at": entry.seq, "from_seq": after,
                     "reason": "the entry's content does not match its hash (the row was edited)"}
-        if entry.seq in wanted:
-            hashes[entry.seq] = entry.hash
-        prev, count = entry.hash, count + (tenant is None or entry.tenant == tenant)
+        prev, last_seq, walked = entry.hash, entry.seq, walked + 1
     for given in checkpoints:
-        seq, head = int(given["seq"]), str(given["hash"])
-        if key is None or not hmac.compare_digest(sign(key, seq, head), str(given.get("signature", ""))):
-            return {"ok": False, "entries": count, "broken_at": seq,
-                    "reason": "a checkpoint's signature is not this service's (forged or altered)"}
-        if seq and seq not in hashes:
-            return {"ok": False, "entries": count, "broken_at": seq,
-                    "reason": "the entry a signed checkpoint names is gone (the chain was cut back)"}
-        if seq and hashes[seq] != head:
-            return {"ok": False, "entries": count, "broken_at": seq,
-                    "reason": "the entry a signed checkpoint names has another hash (the chain was rewritten)"}
-    return {"ok": True, "entries": count, "broken_at": None, "checkpoints_checked": len(checkpoints)}
+        if problem := _check_kept(session, key, given):
+            return {"ok": False, "entries": _count(session, tenant), "broken_at": int(given["seq"]),
+                    "from_seq": after, "reason": problem}
+    if key is not None and walked:
+        session.add(AuditVerification(seq=last_seq, hash=prev, signature=sign(key, last_seq, prev)))
+    return {"ok": True, "entries": _count(session, tenant), "broken_at": None, "from_seq": after,
+            "walked": walked, "checkpoints_checked": len(checkpoints)}
+
+
+def _verified_point(session: Session, key: bytes) -> dict | None:
+    """The last point the chain was verified to, if its record is ours and its entry unchanged: {"seq", "hash"}; a
+    failure dict where the entry it names is gone or has another hash (the chain was cut back or rewritten)."""
+    for point in session.scalars(select(AuditVerification).order_by(AuditVerification.seq.desc()).limit(20)):
+        if not hmac.compare_digest(sign(key, point.seq, point.hash), point.signature):
+            continue  # not signed by us: never trusted, an older one may be
+        stored = session.scalar(select(AuditEntry.hash).where(AuditEntry.seq == point.seq))
+        if stored != point.hash:
+            return {"ok": False, "broken_at": point.seq,
+                    "reason": "the entry the last verification ended at is gone or has another hash (the chain was "
+                              "cut back or rewritten)"}
+        return {"seq": point.seq, "hash": point.hash}
+    return None
+
+
+def _check_kept(session: Session, key: bytes | None, given: dict) -> str | None:
+    """Why a checkpoint a client kept does not hold, or None."""
+    seq, head = int(given["seq"]), str(given["hash"])
+    if key is None or not hmac.compare_digest(sign(key, seq, head), str(given.get("signature", ""))):
+        return "a checkpoint's signature is not this service's (forged or altered)"
+    if not seq:
+        return None
+    stored = session.scalar(select(AuditEntry.hash).where(AuditEntry.seq == seq))
+    if stored is None:
+        return "the entry a signed checkpoint names is gone (the chain was cut back)"
+    if stored != head:
+        return "the entry a signed checkpoint names has another hash (the chain was rewritten)"
+    return None
+
+
+def _count(session: Session, tenant: str | None) -> int:
+    query = select(func.count()).select_from(AuditEntry)
+    return session.scalar(query.where(AuditEntry.tenant == tenant) if tenant is not None else query) or 0

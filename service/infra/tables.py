@@ -249,6 +249,18 @@ class AuditEntry(Base):
     hash: Mapped[str] = mapped_column(String(64), unique=True)
 
 
+class AuditVerification(Base):
+    """How far the chain was last walked and found whole (issue 26): the entry's seq and hash, signed with the audit
+    key, so a verification walks on from there instead of from the start. A row whose signature does not check is
+    ignored (the walk starts over)."""
+    __tablename__ = "audit_verifications"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    seq: Mapped[int] = mapped_column(Integer, index=True)
+    hash: Mapped[str] = mapped_column(String(64))
+    signature: Mapped[str] = mapped_column(String(64))
+    at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+
+
 class Connectivity(Base):
     """One curve between two versions of a model: its points, barriers and analysis (SPEC section 6)."""
     __tablename__ = "connectivity"

@@ -93,3 +93,57 @@ def test_a_forged_checkpoint_is_refused_and_tenants_count_their_own(session):
     session.commit()
     assert (audit_log.verify(session, tenant="t2")["entries"] == 1
             and audit_log.verify(session, tenant="t1")["entries"] == 5)
+
+
+def test_verification_walks_on_from_the_last_verified_point(session):
+    """Issue 26: a verification with the key records how far the chain was whole (signed); the next walks only
+    what was appended since. A change before that point is found by a full walk; one at the point itself (the
+    chain cut back or rewritten there) by any walk; a verification record not signed by us is ignored."""
+    from service.infra.tables import AuditVerification
+
+    first = audit_log.verify(session, KEY)
+    assert first["ok"] and first["from_seq"] == 0 and first["walked"] == 5
+    session.commit()
+    for i in range(3):
+        audit_log.append(session, "t1", "job.running", f"job_{i}", {})
+    session.commit()
+    again = audit_log.verify(session, KEY)
+    assert again["ok"] and again["from_seq"] == 5 and again["walked"] == 3 and again["entries"] == 8
+    session.commit()
+    assert audit_log.verify(session, KEY)["walked"] == 0
+
+    # An edit before the verified point: an incremental walk does not read it, a full walk names it.
+    session.execute(text("""UPDATE audit_log SET data = '{"i": 42}' WHERE seq = 2"""))
+    session.commit()
+    assert audit_log.verify(session, KEY)["ok"] is True
+    full = audit_log.verify(session, KEY, full=True)
+    assert full["ok"] is False and full["broken_at"] == 2
+
+    # A verification record someone with the database wrote: not ours, not trusted.
+    session.execute(text("DELETE FROM audit_verifications"))
+    session.add(AuditVerification(seq=8, hash=session.execute(text("SELECT hash FROM audit_log WHERE seq = 8"))
+                                  .scalar_one(), signature="0" * 64))
+    session.commit()
+    result = audit_log.verify(session, KEY)
+    assert result["from_seq"] == 0 and result["broken_at"] == 2
+
+    # The entry a verification ended at, rewritten: every walk says so.
+    session.execute(text("DELETE FROM audit_verifications"))
+    session.execute(text("""UPDATE audit_log SET data = '{"i": 1, "nested": {"x": [1, 2.5, "y"]}}' WHERE seq = 2"""))
+    session.commit()
+    assert audit_log.verify(session, KEY)["ok"] is True
+    session.commit()
+    rewrite_from(session, 7)
+    cut = audit_log.verify(session, KEY)
+    assert cut["ok"] is False and cut["broken_at"] == 8 and "rewritten" in cut["reason"]
+
+
+def test_a_full_walk_through_the_api_is_an_admins_call(client):
+    from tests.service.conftest import auth
+
+    reader = client.post("/v1/api-keys", headers=auth(), json={"tenant": "default", "scopes": ["jobs:read"]}).json()
+    assert client.get("/v1/audit-log/verify?full=true", headers=auth(reader["key"])).status_code == 403
+    assert client.get("/v1/audit-log/verify", headers=auth(reader["key"])).json()["ok"] is True
+    whole = client.get("/v1/audit-log/verify?full=true", headers=auth()).json()
+    assert whole["ok"] is True and whole["from_seq"] == 0
+    assert client.get("/v1/audit-log/verify", headers=auth()).json()["walked"] <= 2  # on from there

@@ -8,7 +8,8 @@ from service.infra.tables import Base
 from tests.service.conftest import create_pg_database, drop_pg_database, migrate, pg_url
 
 TABLES = {"api_keys", "models", "model_versions", "jobs", "idempotency_records", "audit_log", "retrain_references",
-          "connectivity", "erasure_subjects", "webhook_endpoints", "webhook_deliveries", "worker_devices"}
+          "connectivity", "erasure_subjects", "webhook_endpoints", "webhook_deliveries", "worker_devices",
+          "audit_verifications"}
 
 
 def schema_drift(url: str) -> list:
