@@ -74,7 +74,7 @@ def demo_model(settings) -> str:
         session.add(model)
         session.flush()
         location = f"models/{model.id}/v1"
-        manifest = copy_source(settings, artifact_store(settings), str(directory), location)
+        manifest = copy_source(settings, artifact_store(settings), str(directory), location, settings.admin_tenant)
         add_version(session, model, location=location, manifest=manifest, parent=None, job_id=None,
                     request_id=None, tags=["source"])
         return model.id

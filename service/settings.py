@@ -23,6 +23,16 @@ class Settings(BaseSettings):
     import_roots: list[str] = [str(HOME / "imports")]
     # s3:// model sources: only these buckets (none by default), read with the server's credentials.
     s3_buckets: list[str] = []
+    # Granted to one tenant only, on top of the lists above (which every tenant may read): {"tenant": ["/srv/a"]}.
+    # For tenants that must not read each other's sources, leave the lists above empty and grant here.
+    tenant_import_roots: dict[str, list[str]] = {}
+    tenant_s3_buckets: dict[str, list[str]] = {}
+
+    def import_roots_of(self, tenant: str) -> list[str]:
+        return [*self.import_roots, *self.tenant_import_roots.get(tenant, [])]
+
+    def s3_buckets_of(self, tenant: str) -> list[str]:
+        return [*self.s3_buckets, *self.tenant_s3_buckets.get(tenant, [])]
     # An S3-compatible endpoint (MinIO, R2, ...) for s3:// artifact roots and sources; None: AWS's own. Credentials
     # come from the usual AWS_* variables or files.
     s3_endpoint_url: str | None = None

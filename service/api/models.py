@@ -65,7 +65,7 @@ def create_model(body: ModelCreate, request: Request, who: Principal = Depends(r
         location = f"models/{model.id}/v1"
         artifacts = store()
         try:
-            manifest = copy_source(get_settings(), artifacts, body.source, location)
+            manifest = copy_source(get_settings(), artifacts, body.source, location, who.tenant)
             check_chat_template(model.format, location)
             session.add(model)
             session.flush()  # a concurrent twin with the same name fails here (idempotent() answers it)

@@ -23,19 +23,20 @@ from worker.engine.model_files import check_model_files
 BUCKET = re.compile(r"^s3://([a-z0-9][a-z0-9.\-]{1,61}[a-z0-9])(/.*)?$")
 
 
-def copy_source(settings: Settings, store: ArtifactStore, source: str, prefix: str) -> list[dict]:
+def copy_source(settings: Settings, store: ArtifactStore, source: str, prefix: str, tenant: str) -> list[dict]:
     """Copy a model source into the store under `prefix`; returns the manifest. Refusals are 422 problems
-    naming the source, raised before a byte is copied."""
+    naming the source, raised before a byte is copied. `tenant`: whose grants apply (the import roots and buckets
+    every tenant may read, and the tenant's own)."""
     if any(ord(c) < 32 or ord(c) == 127 for c in source) or not source.strip():
         raise invalid("source must be a path or URL without control characters", "source")
     if source.startswith("hf:"):
         return _copy_hub(settings, store, source, prefix)
     if source.startswith("s3://"):
-        return _copy_s3(settings, store, source, prefix)
+        return _copy_s3(settings, store, source, prefix, tenant)
     if "://" in source or "::" in source or re.match(r"^[A-Za-z][A-Za-z0-9+.\-]+:", source):
         raise invalid(f"source {source!r}: unsupported kind; a model comes from a directory under the import "
                       "roots (LETHE_IMPORT_ROOTS), hf:org/name, or s3://bucket/prefix in an allowed bucket", "source")
-    return _copy_local(settings, store, source, prefix)
+    return _copy_local(settings, store, source, prefix, tenant)
 
 
 def _copy_hub(settings: Settings, store: ArtifactStore, source: str, prefix: str) -> list[dict]:
@@ -59,11 +60,11 @@ def _copy_hub(settings: Settings, store: ArtifactStore, source: str, prefix: str
         raise invalid(f"source {source!r} cannot be fetched: {str(exc).splitlines()[0][:300]}", "source") from None
 
 
-def _copy_s3(settings: Settings, store: ArtifactStore, source: str, prefix: str) -> list[dict]:
+def _copy_s3(settings: Settings, store: ArtifactStore, source: str, prefix: str, tenant: str) -> list[dict]:
     match = BUCKET.match(source)
     if not match:
         raise invalid(f"source {source!r} is not s3://bucket/prefix", "source")
-    if match.group(1) not in settings.s3_buckets:
+    if match.group(1) not in settings.s3_buckets_of(tenant):
         raise invalid(f"source {source!r}: bucket {match.group(1)!r} is not one this service may read "
                       "(LETHE_S3_BUCKETS)", "source")
     try:
@@ -81,15 +82,20 @@ def _copy_s3(settings: Settings, store: ArtifactStore, source: str, prefix: str)
         raise invalid(f"source {source!r} cannot be read: {str(exc).splitlines()[0][:300]}", "source") from None
 
 
-def _copy_local(settings: Settings, store: ArtifactStore, source: str, prefix: str) -> list[dict]:
+def _copy_local(settings: Settings, store: ArtifactStore, source: str, prefix: str, tenant: str) -> list[dict]:
     try:
         path = Path(source).expanduser().resolve()
     except (RuntimeError, OSError, ValueError) as exc:  # "~nosuchuser/...": no home directory to expand
         raise invalid(f"source {source!r} is not a path this service can resolve: {exc}", "source") from None
-    roots = [Path(r).expanduser().resolve() for r in settings.import_roots]
+    roots = [Path(r).expanduser().resolve() for r in settings.import_roots_of(tenant)]
     root = next((r for r in roots if path == r or r in path.parents), None)
     if root is None:
         raise invalid(f"source {source!r} is outside the import roots (LETHE_IMPORT_ROOTS)", "source")
+    own = store.local_path("")
+    if own is not None and (path == own.resolve() or own.resolve() in path.parents):
+        # An import root that holds the store would let a tenant register any tenant's stored versions.
+        raise invalid(f"source {source!r} lies in this service's artifact store; register a model from its own "
+                      "folder", "source")
     if not path.is_dir():
         raise invalid(f"source {source!r} is not a directory", "source")
     files = _local_files(path, root)

@@ -256,3 +256,42 @@ def test_safetensors_headers_are_capped_at_registration_and_counted_once(client,
         assert version.parameters == expected and expected > 0
         # Counted from the row: a store holding nothing is never asked.
         assert capacity.version_parameters(ArtifactStore(str(tmp_path / "empty-store")), version) == expected
+
+
+def test_import_roots_granted_to_one_tenant_serve_that_tenant_only(client, fixture_model, tmp_path, monkeypatch):
+    """Issue 26: LETHE_TENANT_IMPORT_ROOTS (and LETHE_TENANT_S3_BUCKETS) grant a source to one tenant; with no
+    root granted to every tenant, another tenant's folder is outside its roots."""
+    from tests.service.conftest import clear_caches
+
+    granted = tmp_path / "tenant-a-models"
+    shutil.copytree(fixture_model, granted / "model")
+    keys = {t: client.post("/v1/api-keys", headers=auth(), json={"tenant": t, "scopes": ["models:write"]}).json()["key"]
+            for t in ("tenant-a", "tenant-b")}
+    monkeypatch.setenv("LETHE_IMPORT_ROOTS", "[]")
+    monkeypatch.setenv("LETHE_TENANT_IMPORT_ROOTS", json.dumps({"tenant-a": [str(granted)]}))
+    monkeypatch.setenv("LETHE_TENANT_S3_BUCKETS", json.dumps({"tenant-a": ["a-bucket"]}))
+    clear_caches()
+    try:
+        def post(tenant, source):
+            return client.post("/v1/models", headers=auth(keys[tenant]),
+                               json={"name": "granted-" + uuid.uuid4().hex[:6], "source": source})
+
+        assert post("tenant-a", str(granted / "model")).status_code == 201
+        refused = post("tenant-b", str(granted / "model"))
+        assert refused.status_code == 422 and "outside the import roots" in refused.text
+        assert "outside the import roots" in client.post("/v1/models", headers=auth(), json={
+            "name": "nope", "source": str(granted / "model")}).text
+        bucket = post("tenant-b", "s3://a-bucket/model")
+        assert bucket.status_code == 422 and "not one this service may read" in bucket.text
+    finally:
+        monkeypatch.undo()
+        clear_caches()
+
+
+def test_the_artifact_store_is_no_source_even_under_an_import_root(client, registered_model, service_env):
+    """Issue 26: here the store lies under the import root (as an operator may set it up): a tenant naming a
+    stored version's folder would copy another tenant's model. Refused."""
+    stored = os.path.join(service_env["LETHE_ARTIFACT_ROOT"], "models", registered_model["id"], "v1")
+    assert os.path.isdir(stored) and stored.startswith(json.loads(service_env["LETHE_IMPORT_ROOTS"])[0])
+    answer = register(client, stored)
+    assert answer.status_code == 422 and "artifact store" in answer.text
