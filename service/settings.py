@@ -59,7 +59,7 @@ class Settings(BaseSettings):
     # than TIME_LIMIT_GRACE is killed by Celery, and the job's next delivery ends it.
     max_job_seconds: float = 24 * 3600.0
     # How long a report keeps the answers quoted as examples (requested with audit.examples); then each is replaced by
-    # its sha256 (service.reports.examples). 30 days.
+    # its sha256 (service.domain.report_examples). 30 days.
     examples_retention_seconds: float = 30 * 86400.0
     visibility_timeout: int = 12 * 3600  # above the longest job (Redis redelivers unacked messages after it)
     device: str = "auto"

@@ -7,8 +7,8 @@ from datetime import datetime, timedelta
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from service.domain.report_examples import has_examples, scrubbed
 from service.infra.tables import Job
-from service.reports.examples import has_examples, scrubbed
 
 BATCH = 100  # reports per sweep: a backlog is worked off over several sweeps, never in one long transaction
 

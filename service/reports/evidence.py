@@ -2,8 +2,8 @@
 every metric before and after, and the evidence block. JSON for machines; service.reports.html renders it."""
 from __future__ import annotations
 
+from service.domain.report_examples import report_sha256
 from service.infra.tables import Job, ModelVersion
-from service.reports.examples import report_sha256
 from worker.engine.metrics import metric_value
 from worker.engine.verdict import RULE, judge, verdict_lines
 

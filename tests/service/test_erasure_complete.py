@@ -7,9 +7,9 @@ import time
 
 from sqlalchemy import select
 
+from service.domain.report_examples import report_sha256
 from service.infra.db import session_scope
 from service.infra.tables import AuditEntry, Job
-from service.reports.examples import report_sha256
 from tests.service.conftest import auth, wait_for
 
 
