@@ -16,7 +16,8 @@ app = get_celery()
 # A job past LETHE_MAX_JOB_SECONDS stops at its next heartbeat (worker.work.LeaseKeeper); one stuck inside a step
 # for this much longer is killed with its pool child, and its next delivery ends it FAILED (time-limit).
 TIME_LIMIT_GRACE = 600.0
-HARD_LIMIT = get_settings().max_job_seconds + TIME_LIMIT_GRACE if get_settings().max_job_seconds > 0 else None
+MAX_JOB_SECONDS = get_settings().max_job_seconds
+HARD_LIMIT = MAX_JOB_SECONDS + TIME_LIMIT_GRACE if MAX_JOB_SECONDS > 0 else None
 
 
 @worker_process_init.connect

@@ -12,7 +12,7 @@ from sqlalchemy.orm import Session
 from service.api.auth import Principal, require
 from service.api.jobs import checked_records
 from service.api.schemas import MAX_VERSION
-from service.domain import audit_log, lineage
+from service.domain import audit_log, lineage, webhooks
 from service.domain.errors import Problem, invalid
 from service.domain.jobs import forget_evidence
 from service.infra.db import INJECTED, transactional
@@ -25,7 +25,7 @@ router = APIRouter(tags=["audit"])
 def entry_out(e: AuditEntry) -> dict:
     """An audit-log entry as the API shows it. Entries written before issue 26 named the request's subjects by plain
     hash: shown without them (the chain is verified on the stored entry, which keeps them)."""
-    data = {k: v for k, v in e.data.items() if k != audit_log.PLAIN_SUBJECT_HASHES}
+    data = {k: v for k, v in e.data.items() if k != webhooks.PLAIN_SUBJECT_HASHES}
     return {"seq": e.seq, "at": e.at, "kind": e.kind, "subject": e.subject, "data": data,
             "prev_hash": e.prev_hash, "hash": e.hash}
 

@@ -26,9 +26,6 @@ from service.domain import webhooks
 from service.infra.tables import AuditEntry, AuditVerification, utcnow
 
 GENESIS = "0" * 64
-# The key under which entries written before issue 26 named a request's subjects by plain sha256: kept in the chain,
-# never shown to readers or receivers (service.domain.digests has the keyed hashes that replaced them).
-PLAIN_SUBJECT_HASHES = "subjects_sha256"
 
 
 def entry_hash(prev_hash: str, at: str, tenant: str, kind: str, subject: str, data: dict) -> str:

@@ -34,8 +34,3 @@ def current_key() -> bytes:
     from service.domain.audit_log import signing_key  # the audit log's key source, one place
 
     return evidence_key(signing_key(get_settings()))
-
-
-def keyed_digest(value) -> str:
-    """HMAC-SHA256 (hex) of `value`'s canonical sha256 under the evidence key."""
-    return rekey(canonical_sha256(value), current_key())

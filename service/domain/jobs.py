@@ -10,7 +10,7 @@ from sqlalchemy import CursorResult, and_, func, or_, select, text, update
 from sqlalchemy.orm import Session, object_session
 
 from service.domain import audit_log
-from service.domain.digests import canonical_sha256, keyed_digest
+from service.domain.digests import canonical_sha256, current_key, rekey
 from service.domain.errors import Problem, not_found
 from service.infra.tables import TERMINAL, Job, Model, new_id, utcnow
 from worker.engine.jobspec import JobSpec
@@ -19,8 +19,13 @@ from worker.engine.jobspec import JobSpec
 def forget_evidence(records: list[dict]) -> dict:
     """What stays of the erased data: the count, each record's keyed hash (and its given secrets', one by one;
     service.domain.digests), and the set's manifest hash (the sha256 of that list)."""
-    hashes = [{"id": r["id"], "hmac": keyed_digest(r),
-               **({"secrets_hmac": [keyed_digest(x) for x in r["secrets"]]} if r.get("secrets") else {})}
+    key = current_key()
+
+    def keyed(value) -> str:
+        return rekey(canonical_sha256(value), key)
+
+    hashes = [{"id": r["id"], "hmac": keyed(r),
+               **({"secrets_hmac": [keyed(x) for x in r["secrets"]]} if r.get("secrets") else {})}
               for r in records]
     return {"count": len(records), "records": hashes, "manifest_sha256": canonical_sha256(hashes)}
 

@@ -9,7 +9,15 @@ from sqlalchemy.orm import Session
 
 from service.domain import audit_log
 from service.domain.errors import Problem
-from service.domain.lineage import PURGED, RETIRED, SERVED, head_version, lock_model, missing_erasures
+from service.domain.lineage import (
+    PURGED,
+    RETIRED,
+    SERVED,
+    erasures_done,
+    head_version,
+    lock_model,
+    missing_erasures,
+)
 from service.infra.artifacts import ArtifactStore
 from service.infra.tables import TERMINAL, Job, Model, ModelVersion, RetrainReference, utcnow
 
@@ -54,10 +62,12 @@ def retire_predecessors(session: Session, model: Model) -> list[int]:
     lacks an erasure done on the model is retired. The numbers retired."""
     if not model.retire_predecessors:
         return []
+    done = erasures_done(session, model.id)
     served = session.scalars(select(ModelVersion).where(ModelVersion.model_id == model.id,
                                                         ModelVersion.state == SERVED)
                              .order_by(ModelVersion.number)).all()
-    return [v.number for v in served if missing_erasures(session, v) and retire(session, model, v, "superseded")]
+    lacking = [v for v in served if not done <= set(v.erased_request_ids or [])]
+    return [v.number for v in lacking if retire(session, model, v, "superseded")]
 
 
 def _not_the_head(session: Session, model: Model, version: ModelVersion, what: str) -> None:

@@ -27,9 +27,11 @@ from service.infra.tables import AuditEntry, WebhookDelivery, WebhookEndpoint, u
 EVENTS = ("job.queued", "job.running", "job.cancelling", "job.succeeded", "job.failed", "job.cancelled",
           "version.created", "version.retired", "version.purged", "report.created", "connectivity.measured")
 MAX_BACKOFF = 3600.0
-# What the audit log records and a tenant's receiver need not see: the worker's host, and the plain subject hashes
-# entries written before issue 26 carry (audit_log.PLAIN_SUBJECT_HASHES; guessable from a list of ids).
-PRIVATE_DATA = ("worker", "subjects_sha256")
+# The key under which audit entries written before issue 26 named a request's subjects by plain sha256 (guessable from
+# a list of ids): kept in the chain, never shown to readers or receivers.
+PLAIN_SUBJECT_HASHES = "subjects_sha256"
+# What the audit log records and a tenant's receiver need not see: the worker's host, and those hashes.
+PRIVATE_DATA = ("worker", PLAIN_SUBJECT_HASHES)
 LOG_KEPT = 50  # attempts a delivery's log keeps (the latest)
 
 

@@ -89,6 +89,25 @@ def test_jobs_not_ended_get_their_specification_when_0005_runs(tmp_path):
     assert specs["job_d"] is None
 
 
+def insert_model(connection) -> None:
+    from sqlalchemy import text
+
+    connection.execute(text("INSERT INTO models (id, tenant, name, source, created_at) VALUES "
+                            "('mdl_1', 't', 'm', '/x', '2026-12-01 00:00:00')"))
+
+
+def insert_job(connection, job_id: str, state: str, *, evidence: str = "{}", spec: str | None = None) -> None:
+    """A MASC job of model mdl_1 as an older schema holds it (the columns every revision since 0005 has)."""
+    from sqlalchemy import text
+
+    connection.execute(text(
+        "INSERT INTO jobs (id, tenant, kind, model_id, base_version, follows_head, request_id, method, params, state, "
+        "forget_evidence, progress, attempt, max_attempts, cancel_requested, created_at, updated_at, spec) VALUES "
+        "(:id, 't', 'unlearning', 'mdl_1', 1, 0, :id, 'masc', '{}', :state, :evidence, '{}', 0, 3, 0, "
+        "'2026-12-01 00:00:00', '2026-12-01 00:00:00', :spec)"),
+        dict(id=job_id, state=state, evidence=evidence, spec=spec))
+
+
 def test_jobs_not_ended_take_the_content_parameters_when_0009_runs(tmp_path):
     """Issue 24 replaced secret focus: a queued job's stored specification gets the new names, so that the worker
     can rebuild it; an ended job keeps the specification it ran with."""
@@ -106,16 +125,10 @@ def test_jobs_not_ended_take_the_content_parameters_when_0009_runs(tmp_path):
     old["params"].update(secret_focus=False, rho_secret=0.02, secret_max_probability=0.03, lambda_fluency=1.0,
                          lambda_redistribute="auto")
     engine = create_engine(url)
-    columns = ("id, tenant, kind, model_id, base_version, follows_head, request_id, method, params, state, "
-               "forget_evidence, progress, attempt, max_attempts, cancel_requested, created_at, updated_at, spec")
     with engine.begin() as connection:
-        connection.execute(text("INSERT INTO models (id, tenant, name, source, created_at) VALUES "
-                                "('mdl_1', 't', 'm', '/x', '2026-12-01 00:00:00')"))
+        insert_model(connection)
         for job_id, state in (("job_q", "QUEUED"), ("job_d", "SUCCEEDED")):
-            connection.execute(text(f"INSERT INTO jobs ({columns}) VALUES (:id, 't', 'unlearning', 'mdl_1', 1, 0, "
-                                    ":id, 'masc', '{}', :state, '{}', '{}', 0, 3, 0, '2026-12-01 00:00:00', "
-                                    "'2026-12-01 00:00:00', :spec)"),
-                               dict(id=job_id, state=state, spec=json.dumps(old)))
+            insert_job(connection, job_id, state, spec=json.dumps(old))
     migrate(url)
     with engine.connect() as connection:
         specs = {k: json.loads(v) for k, v in connection.execute(text("SELECT id, spec FROM jobs")).all()}
@@ -142,14 +155,9 @@ def test_plain_hashes_of_records_secrets_and_subjects_are_keyed_when_0011_runs(t
     plain = [{"id": "r1", "sha256": canonical_sha256(record), "secrets_sha256": [canonical_sha256("555-0142")]}]
     evidence = {"count": 1, "records": plain, "manifest_sha256": canonical_sha256(plain)}
     engine = create_engine(url)
-    columns = ("id, tenant, kind, model_id, base_version, follows_head, request_id, method, params, state, "
-               "forget_evidence, progress, attempt, max_attempts, cancel_requested, created_at, updated_at")
     with engine.begin() as connection:
-        connection.execute(text("INSERT INTO models (id, tenant, name, source, created_at) VALUES "
-                                "('mdl_1', 't', 'm', '/x', '2026-12-01 00:00:00')"))
-        connection.execute(text(f"INSERT INTO jobs ({columns}) VALUES ('job_1', 't', 'unlearning', 'mdl_1', 1, 0, "
-                                "'r', 'masc', '{}', 'SUCCEEDED', :evidence, '{}', 0, 3, 0, '2026-12-01 00:00:00', "
-                                "'2026-12-01 00:00:00')"), {"evidence": json.dumps(evidence)})
+        insert_model(connection)
+        insert_job(connection, "job_1", "SUCCEEDED", evidence=json.dumps(evidence))
         connection.execute(text("INSERT INTO erasure_subjects (tenant, subject_sha256, job_id, created_at) VALUES "
                                 "('t', :digest, 'job_1', '2026-12-01 00:00:00')"),
                            {"digest": subject_sha256("t", "alice@example.com")})
