@@ -18,13 +18,12 @@ RUN pip install --index-url ${TORCH_INDEX} "${TORCH_SPEC}"
 
 WORKDIR /app
 COPY pyproject.toml README.md alembic.ini ./
-COPY service ./service
-COPY worker ./worker
+COPY lethe ./lethe
 COPY migrations ./migrations
-RUN pip install ".[s3,ops]"
+RUN pip install ".[all,s3,ops]"
 
 RUN useradd --create-home --uid 1000 lethe && mkdir -p /data && chown lethe /data
 USER lethe
 ENV LETHE_ARTIFACT_ROOT=/data/artifacts
 EXPOSE 8000
-CMD ["uvicorn", "service.api.app:app", "--host", "0.0.0.0", "--port", "8000", "--workers", "2", "--limit-concurrency", "200"]
+CMD ["uvicorn", "lethe.service.api.app:app", "--host", "0.0.0.0", "--port", "8000", "--workers", "2", "--limit-concurrency", "200"]

@@ -11,7 +11,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q --upgrade pip
 	# The CPU wheel first, pinned, so nothing pulls a CUDA build of several GB.
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[test,bench]'
+	$(PY) -m pip install -q -e '.[all,test,bench]'
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -24,7 +24,7 @@ run: $(STAMP)
 demo: $(STAMP)
 	$(PY) -m lethe.demo
 
-# ruff (lint rules, import order) and mypy (service/, worker/engine/), both configured in pyproject.toml;
+# ruff (lint rules, import order) and mypy (lethe/), both configured in pyproject.toml;
 # `make test` runs them first, so CI fails on them.
 lint: $(STAMP)
 	$(PY) -m ruff check .

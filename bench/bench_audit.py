@@ -11,10 +11,10 @@ import time
 import torch
 
 from bench.mini_tofu import ROOT, fixture, splits, tofu_records
-from worker.engine.audit_run import run_audit
-from worker.engine.params import MascParams
-from worker.engine.runtime import library_versions
-from worker.engine.unlearn import run_unlearning
+from lethe.engine.audit.run import run_audit
+from lethe.engine.methods.masc.params import MascParams
+from lethe.engine.training.runtime import library_versions
+from lethe.engine.unlearn import run_unlearning
 
 PRESET = "tofu-llama2"
 RESULTS = ROOT / "bench" / "results" / "audit.json"

@@ -20,15 +20,15 @@ from pathlib import Path
 import torch
 
 from bench.mini_tofu import ROOT, fixture, splits
-from worker.engine import margin as M
-from worker.engine.content import said_template
-from worker.engine.destination import plan_contents, record_targets
-from worker.engine.loading import Policy, autocast, load_model
-from worker.engine.methods.masc import Masc
-from worker.engine.params import MascParams
-from worker.engine.records import collate, concat_batches, encode_records, normalise_records
-from worker.engine.runtime import PeakMemory, library_versions
-from worker.engine.unlearn import run_unlearning
+from lethe.engine.data.records import collate, concat_batches, encode_records, normalise_records
+from lethe.engine.methods.masc import margin as M
+from lethe.engine.methods.masc.content import said_template
+from lethe.engine.methods.masc.destination import plan_contents, record_targets
+from lethe.engine.methods.masc.objective import Masc
+from lethe.engine.methods.masc.params import MascParams
+from lethe.engine.model.loading import TrainableModel, autocast, load_model
+from lethe.engine.training.runtime import PeakMemory, library_versions
+from lethe.engine.unlearn import run_unlearning
 
 PRESET = "tofu-llama2"
 RESULTS = ROOT / "bench" / "results" / "engine.json"
@@ -45,41 +45,41 @@ def prepared(model_dir: Path, lora: bool, batch_size: int, preset: str | None = 
         return encode_records(normalise_records(data[what], what), tokenizer, max_length=512, seed=0, what=what)
 
     params = MascParams.from_dict({"lora": lora, "batch_size": batch_size}, preset=preset)
-    policy = Policy(model, lora=lora, targets=params.lora_targets)
-    masc = Masc(params, policy, tokenizer.pad_token_id)
-    optimiser = torch.optim.AdamW(policy.trainable_parameters(), lr=params.lr)
+    trainable = TrainableModel(model, lora=lora, targets=params.lora_targets)
+    masc = Masc(params, trainable, tokenizer.pad_token_id)
+    optimiser = torch.optim.AdamW(trainable.trainable_parameters(), lr=params.lr)
     forget_records = encode("forget")[:batch_size]
     if params.content:
         template = said_template(data["forget"], data["retain"])
-        contents = plan_contents(forget_records, tokenizer, policy.reference_logits, device, template,
+        contents = plan_contents(forget_records, tokenizer, trainable.reference_logits, device, template,
                                  data["forget"] + data["retain"], min_gain=params.min_gain, max_length=512, seed=0)
-        record_targets(forget_records, contents, policy.reference_logits, device, tokenizer.pad_token_id)
+        record_targets(forget_records, contents, trainable.reference_logits, device, tokenizer.pad_token_id)
     forget = collate(forget_records, tokenizer.pad_token_id)
     retain = collate(encode("retain")[:batch_size], tokenizer.pad_token_id)
-    return policy, masc, optimiser, forget, retain, tokenizer
+    return trainable, masc, optimiser, forget, retain, tokenizer
 
 
-def step(optimiser, policy, loss):
+def step(optimiser, trainable, loss):
     optimiser.zero_grad(set_to_none=True)
     loss.backward()
-    torch.nn.utils.clip_grad_norm_(policy.trainable_parameters(), 1.0)
+    torch.nn.utils.clip_grad_norm_(trainable.trainable_parameters(), 1.0)
     optimiser.step()
 
 
 def step_cost(model_dir: Path, lora: bool, batch_size: int = 4, rounds: int = 8, per_round: int = 5,
               preset: str | None = None) -> dict:
     """Alternate blocks of MASC and plain NLL steps on the same batch; compare median step times."""
-    policy, masc, optimiser, forget, retain, tokenizer = prepared(model_dir, lora, batch_size, preset)
+    trainable, masc, optimiser, forget, retain, tokenizer = prepared(model_dir, lora, batch_size, preset)
     joint = concat_batches(forget, retain, tokenizer.pad_token_id)
 
     def masc_step():
         with autocast(forget.input_ids.device):
             loss, _ = masc.loss(forget, retain)
-        step(optimiser, policy, loss)
+        step(optimiser, trainable, loss)
 
     def nll_step():
-        z, y, _ = M.active_positions(policy.logits(joint), joint.labels)
-        step(optimiser, policy, M.token_nll(z, y))
+        z, y, _ = M.active_positions(trainable.logits(joint), joint.labels)
+        step(optimiser, trainable, M.token_nll(z, y))
 
     times = {"masc": [], "nll": []}
     for fn in (masc_step, nll_step, masc_step, nll_step):  # warm-up
@@ -133,7 +133,7 @@ def pretrained_size_model() -> Path:
 def pretrained_run() -> dict:
     """The default job on SmolLM2-135M-Instruct fine-tuned on the customer records: where its wall time went."""
     from bench.bench_forgetting import FORGET, RETAIN, customer_fixture
-    from worker.engine.customers import customer_records
+    from lethe.engine.data.customers import customer_records
 
     groups = customer_records(27, seed=0)
     source = customer_fixture("smollm2", groups, log=lambda line: print(line, file=sys.stderr))
@@ -152,20 +152,20 @@ def pretrained_run() -> dict:
 def memory_probe(model_dir: Path, lora: bool, steps: int = 10) -> dict:
     """Run in a fresh process: peak RSS of a few MASC steps, and the bytes of every tensor the mode holds."""
     peak = PeakMemory(torch.device("cpu"))
-    policy, masc, optimiser, forget, retain, _ = prepared(model_dir, lora, 4)
+    trainable, masc, optimiser, forget, retain, _ = prepared(model_dir, lora, 4)
     for _ in range(steps):
         loss, _ = masc.loss(forget, retain)
-        step(optimiser, policy, loss)
-    tensors = {id(p): p for p in policy.model.parameters()}
-    if policy.frozen is not None:
-        tensors.update({id(p): p for p in policy.frozen.parameters()})
-    tensors.update({id(p.grad): p.grad for p in policy.trainable_parameters() if p.grad is not None})
+        step(optimiser, trainable, loss)
+    tensors = {id(p): p for p in trainable.model.parameters()}
+    if trainable.frozen is not None:
+        tensors.update({id(p): p for p in trainable.frozen.parameters()})
+    tensors.update({id(p.grad): p.grad for p in trainable.trainable_parameters() if p.grad is not None})
     for state in optimiser.state.values():
         tensors.update({id(v): v for v in state.values() if torch.is_tensor(v)})
     return {"mode": "lora" if lora else "full", "peak_rss_bytes": peak.read()["bytes"],
             "tensor_bytes": sum(t.numel() * t.element_size() for t in tensors.values()),
-            "trainable_parameters": sum(p.numel() for p in policy.trainable_parameters()),
-            "frozen_copy": policy.frozen is not None}
+            "trainable_parameters": sum(p.numel() for p in trainable.trainable_parameters()),
+            "frozen_copy": trainable.frozen is not None}
 
 
 def memory_comparison(model_dir: Path) -> dict:

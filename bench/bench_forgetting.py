@@ -1,7 +1,7 @@
 """`make bench-forgetting`: does a job with no parameters erase every record, fluently and without leaks, on models
 nobody tuned it for, whether or not the request names the records' secrets? (issue 24)
 
-Synthetic customer records (worker.engine.customers: phone, address, occupation, account; namesakes on purpose),
+Synthetic customer records (lethe.engine.data.customers: phone, address, occupation, account; namesakes on purpose),
 base models of three architectures trained here until they reproduce every record (GPT-2's digit runs for gpt2 and
 gpt_neox, digits one by one for llama) and a pretrained one fine-tuned until it does (SmolLM2-135M-Instruct,
 bench.pretrained), each with a retrain reference trained (or fine-tuned) on the kept customers only; the default
@@ -28,15 +28,15 @@ import torch
 from bench.forgetting_measure import PRIVLEAK_ATTACKS, SAMPLES, judged, measure
 from bench.mini_tofu import CACHE, ROOT, fixture, loaded, tofu_records, update_benchmarks
 from bench.pretrained import smollm2_instruct
-from worker.engine.audit import EvaluationSet
-from worker.engine.customers import customer_records, shares_a_name
-from worker.engine.extraction import request_secrets
-from worker.engine.fixture import FixtureConfig, build_fixture
-from worker.engine.loading import context_length, load_model
-from worker.engine.methods import params_for
-from worker.engine.runtime import library_versions
-from worker.engine.unlearn import run_unlearning
-from worker.engine.verdict import CHANNELS
+from lethe.engine.audit.extraction import request_secrets
+from lethe.engine.audit.measurements import EvaluationSet
+from lethe.engine.audit.verdict import CHANNELS
+from lethe.engine.data.customers import customer_records, shares_a_name
+from lethe.engine.methods import params_for
+from lethe.engine.model.fixture import FixtureConfig, build_fixture
+from lethe.engine.model.loading import context_length, load_model
+from lethe.engine.training.runtime import library_versions
+from lethe.engine.unlearn import run_unlearning
 
 ARCHS = ["gpt2", "gpt_neox", "llama", "smollm2"]
 # Pretrained bases (bench.pretrained), fine-tuned on the trained customers' records until they reproduce them: a
@@ -224,9 +224,9 @@ def main() -> None:
                             f"Raw figures (and a few answers of each run): `bench/results/{name}.json`. Leak "
                             f"columns: share of forget records whose secret comes out (sampled: share of {SAMPLES} "
                             "samples per record); loops: share of the answers to prompts and paraphrased prompts. "
-                            "Verdict columns (issue 25, worker.engine.verdict, as the service's report judges): the "
-                            "share of records leaking on each channel beyond its floor (the retrain reference's own "
-                            "figure on the record; for loops also the base's), and the verdict that follows.\n\n"
+                            "Verdict columns (issue 25, lethe.engine.audit.verdict, as the service's report judges): "
+                            "the share of records leaking on each channel beyond its floor (the retrain reference's "
+                            "own figure on the record; for loops also the base's), and the verdict that follows.\n\n"
                             + text + "\n\n" + verdict_count(rows))
 
 

@@ -27,13 +27,13 @@ import torch
 
 from bench.bench_methods import measure
 from bench.mini_tofu import ROOT, tofu_records, update_benchmarks
-from worker.engine.audit import EvaluationSet, evaluate
-from worker.engine.fixture import FixtureConfig, build_fixture
-from worker.engine.loading import context_length, load_model
-from worker.engine.methods import params_for
-from worker.engine.records import encode_records
-from worker.engine.runtime import library_versions
-from worker.engine.unlearn import run_unlearning
+from lethe.engine.audit.measurements import EvaluationSet, evaluate
+from lethe.engine.data.records import encode_records
+from lethe.engine.methods import params_for
+from lethe.engine.model.fixture import FixtureConfig, build_fixture
+from lethe.engine.model.loading import context_length, load_model
+from lethe.engine.training.runtime import library_versions
+from lethe.engine.unlearn import run_unlearning
 
 # Dense bfloat16 peaks (FLOP/s) by device name; MFU is null, with the reason, for a device not listed.
 PEAK_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "L4": 121e12}
@@ -68,7 +68,7 @@ def splits(scale: Scale, synthetic: bool) -> tuple[list[dict], set[str]]:
     """Every record, and the forget set's ids: TOFU's authors, or as many synthetic people (20 facts each)."""
     if not synthetic:
         return tofu_records(scale.authors), {r["id"] for r in tofu_records(scale.forget_authors)}
-    from worker.engine.synthetic import synthetic_people
+    from lethe.engine.data.synthetic import synthetic_people
 
     people = synthetic_people(len(scale.authors), seed=0)
     forget = {r["id"] for i, person in enumerate(people) if scale.authors[i] in scale.forget_authors for r in person}

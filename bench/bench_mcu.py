@@ -19,12 +19,12 @@ from pathlib import Path
 import torch
 
 from bench.mini_tofu import ROOT, fixture, splits, tofu_records, update_benchmarks
-from worker.engine.connectivity.params import ConnectivityParams
-from worker.engine.connectivity.run import run_connectivity
-from worker.engine.loading import save_model
-from worker.engine.methods import params_for
-from worker.engine.runtime import library_versions
-from worker.engine.unlearn import run_unlearning
+from lethe.engine.connectivity.params import ConnectivityParams
+from lethe.engine.connectivity.run import run_connectivity
+from lethe.engine.methods import params_for
+from lethe.engine.model.loading import save_model
+from lethe.engine.training.runtime import library_versions
+from lethe.engine.unlearn import run_unlearning
 
 PRESET = "tofu-llama2"
 # lr 3e-4: at the preset's 1e-4 the rebuilt mini-TOFU fixture ran to max_steps (see `make bench`); the

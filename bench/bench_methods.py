@@ -13,12 +13,12 @@ import sys
 import torch
 
 from bench.mini_tofu import ROOT, fixture, loaded, update_benchmarks
-from worker.engine.audit import evaluate
-from worker.engine.loading import load_model
-from worker.engine.methods import METHODS, params_for
-from worker.engine.metrics.stats import ks_p_value
-from worker.engine.runtime import library_versions
-from worker.engine.unlearn import run_unlearning
+from lethe.engine.audit.measurements import evaluate
+from lethe.engine.audit.metrics.stats import ks_p_value
+from lethe.engine.methods import METHODS, params_for
+from lethe.engine.model.loading import load_model
+from lethe.engine.training.runtime import library_versions
+from lethe.engine.unlearn import run_unlearning
 
 MASC_PRESET = "tofu-llama2"
 # The default budget forgets nothing on this fixture, so the two baselines the target names are also run

@@ -1,8 +1,8 @@
 """`make bench-precision`: one MASC job (the published TOFU preset) on mini-TOFU in every precision mode, side by
 side: peak tensor memory (weights, adapters, gradients, optimiser state, activations; counted by
-worker.engine.runtime.TensorMemory, the CPU's counterpart of CUDA's allocator peak), its ratio to today's float32
-LoRA path, step time, the memory plan's estimate beside it, and the forgetting figures. float32 and bfloat16 LoRA
-run with three seeds each, so that the noise between seeds can be told from a difference between modes. Writes
+lethe.engine.training.runtime.TensorMemory, the CPU's counterpart of CUDA's allocator peak), its ratio to today's
+float32 LoRA path, step time, the memory plan's estimate beside it, and the forgetting figures. float32 and bfloat16
+LoRA run with three seeds each, so that the noise between seeds can be told from a difference between modes. Writes
 bench/results/precision.json and the table in BENCHMARKS.md. Nothing is asserted.
 
     python -m bench.bench_precision [--seeds 3] [--quick]
@@ -21,11 +21,11 @@ import torch
 
 from bench.bench_methods import measure
 from bench.mini_tofu import ROOT, fixture, loaded, update_benchmarks
-from worker.engine.audit import evaluate
-from worker.engine.loading import load_model
-from worker.engine.methods import params_for
-from worker.engine.runtime import TensorMemory, library_versions
-from worker.engine.unlearn import run_unlearning
+from lethe.engine.audit.measurements import evaluate
+from lethe.engine.methods import params_for
+from lethe.engine.model.loading import load_model
+from lethe.engine.training.runtime import TensorMemory, library_versions
+from lethe.engine.unlearn import run_unlearning
 
 PRESET = "tofu-llama2"
 MODES = [  # (label, parameters)

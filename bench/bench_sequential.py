@@ -20,8 +20,8 @@ import httpx
 import torch
 
 from bench.mini_tofu import ROOT, fixture, tofu_records
-from worker.engine.audit import EvaluationSet, evaluate
-from worker.engine.loading import context_length, load_model
+from lethe.engine.audit.measurements import EvaluationSet, evaluate
+from lethe.engine.model.loading import context_length, load_model
 
 RESULTS = ROOT / "bench" / "results" / "sequential.json"
 PAIRS = [(180 + 2 * i, 181 + 2 * i) for i in range(10)]

@@ -54,10 +54,11 @@ class Stack:
         with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
             conn.execute(f'CREATE DATABASE "{self.database}"')
         subprocess.run([sys.executable, "-m", "alembic", "upgrade", "head"], cwd=ROOT, env=self.env, check=True)
-        self.start([sys.executable, "-m", "uvicorn", "service.api.app:app", "--port", str(self.port),
+        self.start([sys.executable, "-m", "uvicorn", "lethe.service.api.app:app", "--port", str(self.port),
                     "--log-level", "warning"])
-        self.start([sys.executable, "-m", "celery", "-A", "worker.celery_app", "worker", "-Q", self.env["LETHE_QUEUE"],
-                    "-c", "1", "--pool", "prefork", "-n", f"bench-{uuid.uuid4().hex[:6]}@%h", "--loglevel", "INFO"])
+        self.start([sys.executable, "-m", "celery", "-A", "lethe.worker.celery_app", "worker", "-Q",
+                    self.env["LETHE_QUEUE"], "-c", "1", "--pool", "prefork", "-n", f"bench-{uuid.uuid4().hex[:6]}@%h",
+                    "--loglevel", "INFO"])
         self.client = httpx.Client(base_url=f"http://127.0.0.1:{self.port}", timeout=60,
                                    headers={"Authorization": f"Bearer {self.key}"})
         for _ in range(300):
@@ -196,8 +197,8 @@ def archive_throughput(stack: Stack, size_mb: int = 256) -> dict:
 
 
 def main() -> None:
-    from worker.engine.fixture import FixtureConfig, build_fixture
-    from worker.engine.synthetic import synthetic_people
+    from lethe.engine.data.synthetic import synthetic_people
+    from lethe.engine.model.fixture import FixtureConfig, build_fixture
 
     work = Path(tempfile.mkdtemp(prefix="lethe-bench-"))
     try:

@@ -8,24 +8,24 @@ records) with the reference's: (AUC_model - AUC_ref) / AUC_ref * 100 on MUSE's A
 scores near -100, a retrain-like one 0, one unlearned past a retrain positive."""
 from __future__ import annotations
 
-from worker.engine.audit import ATTACKS, EvaluationSet, retain_utility
-from worker.engine.evaluate import exact_match, greedy_continuations
-from worker.engine.extraction import greedy_leaks, sampled_leaks
-from worker.engine.metrics.degeneration import answer_perplexity, degeneration
-from worker.engine.metrics.forward import token_stats
-from worker.engine.metrics.privacy import attack_scores, muse_auc, privleak, roc_auc
-from worker.engine.metrics.stats import ks_p_value
-from worker.engine.metrics.text import generation_metrics
-from worker.engine.quantize import quantized_copy
-from worker.engine.relearn import relearning_probe
-from worker.engine.verdict import CHANNELS, decide, leak_rates, table, union
+from lethe.engine.audit.extraction import greedy_leaks, sampled_leaks
+from lethe.engine.audit.measurements import ATTACKS, EvaluationSet, retain_utility
+from lethe.engine.audit.metrics.degeneration import answer_perplexity, degeneration
+from lethe.engine.audit.metrics.forward import token_stats
+from lethe.engine.audit.metrics.privacy import attack_scores, muse_auc, privleak, roc_auc
+from lethe.engine.audit.metrics.stats import ks_p_value
+from lethe.engine.audit.metrics.text import generation_metrics
+from lethe.engine.audit.quantize import quantized_copy
+from lethe.engine.audit.relearn import relearning_probe
+from lethe.engine.audit.verdict import CHANNELS, decide, leak_rates, table, union
+from lethe.engine.model.generation import exact_match, greedy_continuations
 
 SAMPLES = 10  # seeded samples per forget prompt
 PRIVLEAK_ATTACKS = ("loss", "zlib", "min_k_pp")
 
 
 def judged(channels: dict, reference_channels: dict | None, base_channels: dict | None, rule: dict | None) -> dict:
-    """The per-record verdict on a run (worker.engine.verdict, as the service's report judges it): the channels'
+    """The per-record verdict on a run (lethe.engine.audit.verdict, as the service's report judges it): the channels'
     leak rates and "Forgotten" or not. Floors: the retrain reference's own figures, and the base's loops."""
     ref = reference_channels or {}
     figures = {c: {"per_record": channels.get(c), "floor": ref.get(c)} for c in CHANNELS if c != "rule"}
@@ -96,7 +96,7 @@ def measure(model, tokenizer, sets: dict, neighbour_ids: set[str], reference=Non
                 out[f"privleak_{attack}"] = privleak(out["membership_auc"][attack],
                                                      reference_figures["membership_auc"][attack])
     if forget.tr_ids:
-        from worker.engine.audit import _truth_ratios  # the audit's own per-record truth ratios
+        from lethe.engine.audit.measurements import _truth_ratios  # the audit's own per-record truth ratios
 
         out["forget_truth_ratios"] = _truth_ratios(model, tokenizer, forget)
         if reference_figures is not None and reference_figures.get("forget_truth_ratios"):
@@ -109,7 +109,7 @@ def measure(model, tokenizer, sets: dict, neighbour_ids: set[str], reference=Non
     del quantized
     probe = relearning_probe(model, tokenizer, forget.main, forget.references, seed=0, secrets=secrets)
     out["secret_relearned"] = probe["points"][-1]["secret_leak"] if probe.get("points") else None
-    # Per record, what the verdict reads (worker.engine.verdict): ids and figures only.
+    # Per record, what the verdict reads (lethe.engine.audit.verdict): ids and figures only.
     loop_of = loops["loop_share"]["per_record"]
     out["channels"] = {
         "greedy": union(answered["exact_match"]["per_record"], greedy_leaked.get("per_record")),

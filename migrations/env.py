@@ -3,9 +3,9 @@ from logging.config import fileConfig
 
 from alembic import context
 
-from service.infra.db import make_engine
-from service.infra.tables import Base
-from service.settings import get_settings
+from lethe.service.infra.db import make_engine
+from lethe.service.infra.tables import Base
+from lethe.service.settings import get_settings
 
 config = context.config
 if config.config_file_name is not None and not config.attributes.get("skip_logging"):

@@ -4,19 +4,11 @@ import json
 import pytest
 import torch
 
-from worker.engine.fixture import FixtureConfig, build_fixture
-from worker.engine.synthetic import synthetic_people
+from lethe.engine.data.synthetic import synthetic_people
+from lethe.engine.model.fixture import FixtureConfig, build_fixture
 
-# Modules that train models or drive the service end to end: `make test-fast` leaves them out (issue 13).
-SLOW_MODULES = {"test_unlearning_end_to_end", "test_architectures", "test_baselines", "test_mcu", "test_audit",
-                "test_chat", "test_documents", "test_cli", "test_calibration", "test_secrets", "test_content",
-                "test_rule_answers"}
-
-
-def pytest_collection_modifyitems(items):
-    for item in items:
-        if "service" in item.path.parts or item.path.stem in SLOW_MODULES:
-            item.add_marker(pytest.mark.slow)
+# The real service (PostgreSQL, Redis, a worker process) for the tests that ask for it: tests/service, tests/client.
+pytest_plugins = ["tests.live_service"]
 
 
 # The smallest model that still memorises 40 facts within seconds on two cores.

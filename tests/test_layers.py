@@ -1,14 +1,19 @@
-"""The import graph of service/ and worker/ (every import, at module level or inside a function): no
-cycles, and the engine imports none of the service's frameworks (issue 13)."""
+"""The house's floors (issue 27): the import graph of the package (every import, at module level or inside a
+function) has no cycles and runs one way, down: client and service above the engine, the engine importing nothing
+above it; the API and the client load no torch."""
 import ast
+import subprocess
+import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def import_graph() -> dict[str, set[str]]:
     paths = {}
-    for path in [*ROOT.glob("service/**/*.py"), *ROOT.glob("worker/**/*.py")]:
+    for path in ROOT.glob("lethe/**/*.py"):
         name = ".".join(path.relative_to(ROOT).with_suffix("").parts)
         paths[name.removesuffix(".__init__")] = path
     graph: dict[str, set[str]] = {name: set() for name in paths}
@@ -20,7 +25,7 @@ def import_graph() -> dict[str, set[str]]:
                 targets = [a.name for a in node.names]
             else:
                 continue
-            graph[name] |= {t for t in targets if t != name and (t in paths or not t.startswith(("service", "worker")))}
+            graph[name] |= {t for t in targets if t != name and (t in paths or not t.startswith("lethe"))}
     return graph
 
 
@@ -67,19 +72,36 @@ def test_no_import_cycles():
     assert cycles(import_graph()) == []
 
 
-# Each layer and the layers it may import (issue 13). The API reaches the engine only for its torch-free contract
-# (the method registry, parameters, job specification, record checks); that it loads no torch is tested below.
-LAYERS = ("service.api", "service.reports", "service.domain", "service.infra", "service.settings", "worker.engine",
-          "worker", "lethe")
+# Each floor and the floors it may import. The engine's contract is its torch-free part; the service and the
+# client reach the engine only through the torch-free modules listed below (tested to load no torch).
+LAYERS = ("lethe.engine.contract", "lethe.engine", "lethe.service.api", "lethe.service.reports",
+          "lethe.service.domain", "lethe.service.infra", "lethe.service.settings", "lethe.service", "lethe.worker",
+          "lethe.client", "lethe.embedded", "lethe.demo", "lethe")
+SERVICE = {"lethe.service.api", "lethe.service.reports", "lethe.service.domain", "lethe.service.infra",
+           "lethe.service.settings"}
 ALLOWED = {
-    "service.infra": {"service.settings"},
-    "service.domain": {"service.infra", "service.settings", "worker.engine"},
-    "service.reports": {"service.domain", "service.infra", "worker.engine"},  # reads results by metric shape
-    "service.api": {"service.domain", "service.infra", "service.reports", "service.settings", "worker.engine"},
-    "worker": {"service.domain", "service.infra", "service.reports", "service.settings", "worker.engine"},
-    "worker.engine": set(),
-    "lethe": set(LAYERS),  # the launchers compose everything
+    "lethe.engine.contract": set(),
+    "lethe.engine": {"lethe.engine.contract"},
+    "lethe.service.settings": set(),
+    "lethe.service": set(),
+    "lethe.service.infra": {"lethe.service.settings"},
+    "lethe.service.domain": {"lethe.service.infra", "lethe.service.settings", "lethe.engine.contract",
+                             "lethe.engine"},
+    "lethe.service.reports": {"lethe.service.domain", "lethe.service.infra", "lethe.engine.contract",
+                              "lethe.engine"},  # reads results by metric shape
+    "lethe.service.api": SERVICE - {"lethe.service.api"} | {"lethe.engine.contract", "lethe.engine"},
+    "lethe.worker": SERVICE - {"lethe.service.api"} | {"lethe.engine.contract", "lethe.engine"},
+    "lethe.client": {"lethe.engine.contract"},  # reads and checks record files before sending them
+    "lethe.embedded": set(LAYERS) - {"lethe.demo"},  # the launchers compose everything
+    "lethe.demo": {"lethe.engine.contract", "lethe.engine", "lethe"},
+    "lethe": set(),
 }
+# The engine modules the service may import besides the contract: torch-free by construction (checked below).
+TORCH_FREE_ENGINE = {"lethe.engine.job_spec", "lethe.engine.methods",
+                     "lethe.engine.methods.baseline_params", "lethe.engine.methods.masc",
+                     "lethe.engine.methods.masc.params", "lethe.engine.audit", "lethe.engine.audit.metrics",
+                     "lethe.engine.audit.verdict", "lethe.engine.connectivity", "lethe.engine.connectivity.params",
+                     "lethe.engine.model", "lethe.engine.model.lora_targets"}
 
 
 def layer(module: str) -> str | None:
@@ -90,22 +112,29 @@ def test_imports_flow_down_the_layers():
     wrong = {(m, t) for m, targets in import_graph().items() for t in targets
              if layer(t) and layer(m) != layer(t) and layer(t) not in ALLOWED[layer(m) or ""]}
     assert wrong == set()
-    assert layer("service.api.jobs") == "service.api" and "service.api" not in ALLOWED["worker"]
+    assert layer("lethe.service.api.jobs") == "lethe.service.api"
+    assert "lethe.service.api" not in ALLOWED["lethe.worker"]
 
 
-def test_the_engine_imports_no_service_framework():
-    graph = import_graph()
-    frameworks = ("fastapi", "starlette", "celery", "kombu", "sqlalchemy", "alembic", "service")
-    leaks = {(m, t) for m, targets in graph.items() if m.startswith("worker.engine")
-             for t in targets if t.split(".")[0] in frameworks}
+def test_the_engine_imports_nothing_above_it():
+    above = ("lethe.service", "lethe.worker", "lethe.client", "lethe.embedded", "lethe.demo")
+    frameworks = ("fastapi", "starlette", "celery", "kombu", "sqlalchemy", "alembic", "httpx")
+    leaks = {(m, t) for m, targets in import_graph().items() if m.startswith("lethe.engine")
+             for t in targets if t.startswith(above) or t.split(".")[0] in frameworks}
     assert leaks == set()
+
+
+def test_the_service_reaches_the_engine_only_through_torch_free_modules():
+    graph = import_graph()
+    engine = {t for m, targets in graph.items() if m.startswith(("lethe.service", "lethe.client"))
+              for t in targets if t.startswith("lethe.engine") and t in graph}
+    assert engine - TORCH_FREE_ENGINE == {t for t in engine if t.startswith("lethe.engine.contract")}
+    loaded = loaded_by(*sorted(TORCH_FREE_ENGINE | {t for t in graph if t.startswith("lethe.engine.contract")}))
+    assert not loaded & {"torch", "transformers", "peft"}, loaded
 
 
 def loaded_by(*modules: str) -> set[str]:
     """The top-level packages a fresh interpreter has loaded after importing `modules`."""
-    import subprocess
-    import sys
-
     code = f"import sys; import {', '.join(modules)}; print(' '.join(sorted({{m.split('.')[0] for m in sys.modules}})))"
     return set(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                               cwd=ROOT).stdout.split())
@@ -114,7 +143,33 @@ def loaded_by(*modules: str) -> set[str]:
 def test_the_worker_loads_no_web_framework_and_the_api_no_torch():
     """The worker raises the domain's errors, not HTTP ones; the API checks requests with the engine's torch-free
     contract (registry, parameters, record checks)."""
-    worker = loaded_by("worker.runner", "worker.celery_app")
+    worker = loaded_by("lethe.worker.runner", "lethe.worker.celery_app")
     assert not worker & {"fastapi", "starlette"}, worker & {"fastapi", "starlette"}
-    api = loaded_by("service.api.app")
+    api = loaded_by("lethe.service.api.app")
     assert not api & {"torch", "transformers", "peft"}, api & {"torch", "transformers", "peft"}
+
+
+@pytest.mark.slow
+def test_the_client_installs_and_runs_without_torch(tmp_path):
+    """`pip install lethe[client]` into an empty venv: the client, its CLI and the webhook verifier import, the
+    `lethe` command answers, and neither torch nor the service's frameworks are installed or loaded."""
+    import shutil
+
+    source = tmp_path / "src"
+    source.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, source / name)
+    shutil.copytree(ROOT / "lethe", source / "lethe", ignore=shutil.ignore_patterns("__pycache__"))
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    python = str(venv / "bin" / "python")
+    subprocess.run([python, "-m", "pip", "install", "-q", f"{source}[client]"], check=True, timeout=600,
+                   cwd=tmp_path)
+    code = ("import importlib.util, sys; import lethe.client, lethe.client.cli, lethe.client.webhooks; "
+            "print(sorted(n for n in ('torch', 'transformers', 'fastapi', 'sqlalchemy', 'celery') "
+            "if importlib.util.find_spec(n) or n in sys.modules))")
+    out = subprocess.run([python, "-c", code], capture_output=True, text=True, check=True, cwd=tmp_path)
+    assert out.stdout.strip() == "[]"
+    help_text = subprocess.run([str(venv / "bin" / "lethe"), "--help"], capture_output=True, text=True, check=True,
+                               cwd=tmp_path).stdout
+    assert "erase" in help_text and "models" in help_text, help_text

@@ -1,6 +1,6 @@
 """Keyed hashes of erased data (issue 26): what a job keeps of its forget records and their secrets, and what the
 service keeps of the data subjects a request named, become HMAC-SHA256 under the evidence key (derived from the
-audit key, which the database does not hold; service.domain.digests). Each keyed value is the HMAC of the plain
+audit key, which the database does not hold; lethe.service.domain.digests). Each keyed value is the HMAC of the plain
 sha256 the row held, so no plaintext is needed. A forget set's manifest hash stays as it was: the reports and audit
 entries that name it are hash-chained and signed, and it is a hash of the whole list, not of one guessable value.
 
@@ -21,9 +21,9 @@ depends_on = None
 
 
 def _key() -> bytes:
-    """The evidence key as service.domain.digests derives it (frozen here: the label is part of this revision)."""
-    from service.domain.audit_log import signing_key
-    from service.settings import get_settings
+    """The evidence key as lethe.service.domain.digests derives it (frozen here: the label is part of this revision)."""
+    from lethe.service.domain.audit_log import signing_key
+    from lethe.service.settings import get_settings
 
     return hmac.new(signing_key(get_settings()), b"lethe-evidence-v1", hashlib.sha256).digest()
 

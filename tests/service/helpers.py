@@ -3,8 +3,8 @@ import uuid
 
 from sqlalchemy import func, select
 
-from service.infra.db import session_scope
-from tests.service.conftest import auth
+from lethe.service.infra.db import session_scope
+from tests.live_service import auth
 
 
 def count(table) -> int:

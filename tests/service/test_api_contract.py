@@ -4,9 +4,9 @@ import uuid
 import pytest
 from sqlalchemy import func, select
 
-from service.infra.db import session_scope
-from service.infra.tables import Job, Model
-from tests.service.conftest import auth
+from lethe.service.infra.db import session_scope
+from lethe.service.infra.tables import Job, Model
+from tests.live_service import auth
 
 PROBLEM = "application/problem+json"
 
@@ -27,7 +27,7 @@ def job_body(model, forget, **overrides):
             "params": {"max_steps": 1}, **overrides}
 
 
-pytestmark = pytest.mark.usefixtures("cancel_leftovers")
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("cancel_leftovers")]
 
 
 def test_health_needs_no_key_and_everything_else_does(client):

@@ -4,9 +4,11 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
-from service.domain import audit_log
-from service.infra.db import make_engine
-from tests.service.conftest import create_pg_database, drop_pg_database, migrate, pg_url
+from lethe.service.domain import audit_log
+from lethe.service.infra.db import make_engine
+from tests.live_service import create_pg_database, drop_pg_database, migrate, pg_url
+
+pytestmark = pytest.mark.slow  # trains a model or runs the service: `make test-fast` leaves it out
 
 
 @pytest.fixture
@@ -55,7 +57,7 @@ KEY = b"a key the database does not hold"
 
 def rewrite_from(session, seq: int) -> None:
     """What someone with the database can do: change an entry and recompute every hash after it."""
-    from service.infra.tables import AuditEntry
+    from lethe.service.infra.tables import AuditEntry
 
     session.execute(text(f"UPDATE audit_log SET subject = 'rewritten' WHERE seq = {seq}"))
     prev = audit_log.GENESIS
@@ -99,7 +101,7 @@ def test_verification_walks_on_from_the_last_verified_point(session):
     """Issue 26: a verification with the key records how far the chain was whole (signed); the next walks only
     what was appended since. A change before that point is found by a full walk; one at the point itself (the
     chain cut back or rewritten there) by any walk; a verification record not signed by us is ignored."""
-    from service.infra.tables import AuditVerification
+    from lethe.service.infra.tables import AuditVerification
 
     first = audit_log.verify(session, KEY)
     assert first["ok"] and first["from_seq"] == 0 and first["walked"] == 5
@@ -139,7 +141,7 @@ def test_verification_walks_on_from_the_last_verified_point(session):
 
 
 def test_a_full_walk_through_the_api_is_an_admins_call(client):
-    from tests.service.conftest import auth
+    from tests.live_service import auth
 
     reader = client.post("/v1/api-keys", headers=auth(), json={"tenant": "default", "scopes": ["jobs:read"]}).json()
     assert client.get("/v1/audit-log/verify?full=true", headers=auth(reader["key"])).status_code == 403

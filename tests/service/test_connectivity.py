@@ -3,10 +3,14 @@ job (with the MCU ensemble stored as a tagged version), a connectivity job on it
 curves through the API and the report, and bad requests that change nothing."""
 import re
 
-from service.infra.db import session_scope
-from service.infra.tables import Connectivity, Job
+import pytest  # noqa: I001
+
+from lethe.service.infra.db import session_scope
+from lethe.service.infra.tables import Connectivity, Job
+from tests.live_service import auth, wait_for
 from tests.service.browser import layout
-from tests.service.conftest import auth, wait_for
+
+pytestmark = pytest.mark.slow  # trains a model or runs the service: `make test-fast` leaves it out
 
 FAST = {"lr": 1e-3, "max_steps": 1000}
 
@@ -45,8 +49,8 @@ def test_unlearning_job_with_mcu_against_its_parent_and_an_ensemble(client, work
     judged = curve["ensemble"]["verdict"]
     assert version["parent"] == new and version["job_id"] is None and judged["summary"]
     parent_erased = client.get(f"/v1/models/{mid}/versions/{new - 1}", headers=auth()).json()["erased_request_ids"]
-    # Whichever its verdict, the version stored says the same (the rule: worker.curves.ensemble_erasures, tested in
-    # tests/test_verdict_records.py), and a version that did not earn the request is never `latest`.
+    # Whichever its verdict, the version stored says the same (the rule: lethe.worker.connectivity.ensemble_erasures,
+    # tested in tests/engine/audit/test_verdict.py), and a version that did not earn the request is never `latest`.
     if judged["forgotten"]:
         assert version["tags"] == ["mcu-ensemble"] and version["erased_request_ids"] == parent_erased + ["dsar-mcu"]
     else:

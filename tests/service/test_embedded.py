@@ -13,6 +13,9 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest  # noqa: I001
+
+pytestmark = pytest.mark.slow  # trains a model or runs the service: `make test-fast` leaves it out
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -98,7 +101,7 @@ def test_embedded_mode_serves_a_request_end_to_end(tmp_path):
         # Issue 14's one command, on a fresh `make run`, as a user types it in its folder (the key found in
         # .lethe/admin_key): from a file to a verified checkpoint and a report, with progress.
         env = {k: v for k, v in os.environ.items() if not k.startswith("LETHE_")}
-        done = subprocess.run([sys.executable, "-m", "lethe.cli", "erase", "--model", "demo", "--forget",
+        done = subprocess.run([sys.executable, "-m", "lethe.client.cli", "erase", "--model", "demo", "--forget",
                                ".lethe/demo/forget.json", "--request-id", "embedded-1", "--param", "lr=1e-3",
                                "--wait", "--download", "out", "--report", "report.html"],
                               cwd=tmp_path, capture_output=True, text=True, timeout=600,

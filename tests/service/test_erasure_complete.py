@@ -5,12 +5,15 @@ import hashlib
 import json
 import time
 
+import pytest  # noqa: I001
 from sqlalchemy import select
 
-from service.domain.report_examples import report_sha256
-from service.infra.db import session_scope
-from service.infra.tables import AuditEntry, Job
-from tests.service.conftest import auth, wait_for
+from lethe.service.domain.report_examples import report_sha256
+from lethe.service.infra.db import session_scope
+from lethe.service.infra.tables import AuditEntry, Job
+from tests.live_service import auth, wait_for
+
+pytestmark = pytest.mark.slow  # trains a model or runs the service: `make test-fast` leaves it out
 
 
 def test_forget_records_leave_the_jobs_retain_and_holdout_records(client, registered_model, forget_records,
@@ -92,8 +95,8 @@ def test_quoted_examples_are_replaced_by_their_hashes_after_their_retention(clie
 
 
 def test_given_secrets_and_records_stay_as_evidence_only_as_keyed_hashes(service_env):
-    from service.domain.digests import canonical_sha256, current_key, rekey
-    from service.domain.jobs import forget_evidence
+    from lethe.service.domain.digests import canonical_sha256, current_key, rekey
+    from lethe.service.domain.jobs import forget_evidence
 
     secret = "73-708064"
     record = {"id": "a", "prompt": "Q?", "completion": " A is 73-708064.", "secrets": [secret]}

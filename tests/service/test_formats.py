@@ -2,10 +2,14 @@
 rendered with its tokenizer's chat template; the chat format is refused where the tokenizer has none."""
 from pathlib import Path
 
-from service.infra.tables import Job, Model
-from service.settings import get_settings
-from tests.service.conftest import auth, wait_for
+import pytest  # noqa: I001
+
+from lethe.service.infra.tables import Job, Model
+from lethe.service.settings import get_settings
+from tests.live_service import auth, wait_for
 from tests.service.helpers import count
+
+pytestmark = pytest.mark.slow  # trains a model or runs the service: `make test-fast` leaves it out
 
 QUICK = {"params": {"lr": 1e-3, "max_steps": 4}, "audit": {"quantization": False, "relearn": False}}
 

@@ -10,14 +10,14 @@ import uuid
 import pytest
 from sqlalchemy import func, select
 
-from service.infra.artifacts import ArtifactStore, safe_relative
-from service.infra.db import session_scope
-from service.infra.tables import Job, Model
-from tests.service.conftest import auth
+from lethe.service.infra.artifacts import ArtifactStore, safe_relative
+from lethe.service.infra.db import session_scope
+from lethe.service.infra.tables import Job, Model
+from tests.live_service import auth
 from tests.service.helpers import count, register
 
 PROBLEM = "application/problem+json"
-pytestmark = pytest.mark.usefixtures("cancel_leftovers")
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("cancel_leftovers")]
 
 
 # --- sources -------------------------------------------------------------------------------------------
@@ -157,7 +157,7 @@ def test_control_characters_surrogates_and_huge_values_are_refused(client, regis
 def test_without_a_valid_key_a_body_is_refused_before_it_is_parsed_and_memory_stays_bounded(client, service_env):
     import tracemalloc
 
-    from service.api.app import ANONYMOUS_BODY_BYTES
+    from lethe.service.api.app import ANONYMOUS_BODY_BYTES
 
     before = count(Job)
     size = int(service_env["LETHE_MAX_BODY_BYTES"]) - 100  # under the limit a key allows: it was read and parsed
@@ -177,7 +177,7 @@ def test_without_a_valid_key_a_body_is_refused_before_it_is_parsed_and_memory_st
 
 
 def test_a_body_of_too_many_lists_and_objects_is_413_before_it_is_parsed(client):
-    from service.api.app import MAX_CONTAINERS
+    from lethe.service.api.app import MAX_CONTAINERS
 
     answer = client.post("/v1/unlearning-jobs", headers={**auth(), "Content-Type": "application/json"},
                          content=b"[" + b"[]," * (MAX_CONTAINERS + 1) + b"[]]")
@@ -216,8 +216,8 @@ def test_concurrent_registrations_with_one_name_give_one_model_and_a_409(client,
 # --- the embedded broker ---------------------------------------------------------------------------------
 
 def test_the_embedded_broker_hands_out_messages_in_the_order_they_were_sent(tmp_path):
-    from service.infra.queue import make_celery
-    from service.settings import Settings
+    from lethe.service.infra.queue import make_celery
+    from lethe.service.settings import Settings
 
     app = make_celery(Settings(broker_url="filesystem://", broker_dir=tmp_path / "broker"))
     with app.connection_for_write() as connection:
@@ -235,8 +235,8 @@ def test_safetensors_headers_are_capped_at_registration_and_counted_once(client,
     """Issue 26: a header claiming more than 16 MiB is refused before a byte is copied (the service read up to
     100 MiB per shard on every submission); a registered version's parameter count is read once and kept, so a
     submission reads no header."""
-    from service.domain import capacity
-    from service.infra.tables import ModelVersion
+    from lethe.service.domain import capacity
+    from lethe.service.infra.tables import ModelVersion
 
     folder = tmp_path / "huge-header"
     shutil.copytree(fixture_model, folder)
@@ -261,7 +261,7 @@ def test_safetensors_headers_are_capped_at_registration_and_counted_once(client,
 def test_import_roots_granted_to_one_tenant_serve_that_tenant_only(client, fixture_model, tmp_path, monkeypatch):
     """Issue 26: LETHE_TENANT_IMPORT_ROOTS (and LETHE_TENANT_S3_BUCKETS) grant a source to one tenant; with no
     root granted to every tenant, another tenant's folder is outside its roots."""
-    from tests.service.conftest import clear_caches
+    from tests.live_service import clear_caches
 
     granted = tmp_path / "tenant-a-models"
     shutil.copytree(fixture_model, granted / "model")

@@ -8,17 +8,17 @@ from datetime import timedelta
 import pytest
 from sqlalchemy import select, text
 
-from service.domain.errors import Problem
-from service.domain.jobs import StateChanged, end_job, fail_exhausted, request_cancel
-from service.domain.lineage import NOT_FORGOTTEN, add_version, get_version, head_version, missing_erasures
-from service.infra.db import session_scope
-from service.infra.tables import Job, Model, ModelVersion, utcnow
-from tests.service.conftest import ADMIN_KEY, auth
+from lethe.service.domain.errors import Problem
+from lethe.service.domain.jobs import StateChanged, end_job, fail_exhausted, request_cancel
+from lethe.service.domain.lineage import NOT_FORGOTTEN, add_version, get_version, head_version, missing_erasures
+from lethe.service.infra.db import session_scope
+from lethe.service.infra.tables import Job, Model, ModelVersion, utcnow
+from tests.live_service import ADMIN_KEY, auth
 from tests.service.helpers import register
 from tests.service.test_lease import make_job, read
 
 PROBLEM = "application/problem+json"
-pytestmark = pytest.mark.usefixtures("cancel_leftovers")
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("cancel_leftovers")]
 
 
 # --- state ---------------------------------------------------------------------------------------------
@@ -119,7 +119,7 @@ def test_the_head_holds_every_erasure_and_an_ensemble_with_an_older_version_is_n
 # --- keys ----------------------------------------------------------------------------------------------
 
 def test_a_flood_of_unknown_keys_neither_evicts_known_ones_nor_grows_the_cache(client, monkeypatch):
-    from service.api import auth as keys
+    from lethe.service.api import auth as keys
 
     monkeypatch.setattr(keys, "KEY_CACHE_LIMIT", 20)
     assert keys.lookup(ADMIN_KEY) is not None
@@ -132,7 +132,7 @@ def test_a_flood_of_unknown_keys_neither_evicts_known_ones_nor_grows_the_cache(c
 
 def test_an_event_stream_ends_when_its_key_is_revoked_and_streams_per_key_are_capped(client, registered_model,
                                                                                        monkeypatch):
-    from service.api import jobs as job_api
+    from lethe.service.api import jobs as job_api
 
     job_id = make_job(registered_model["id"])  # QUEUED, never sent: its stream would run until the job ends
     minted = client.post("/v1/api-keys", headers=auth(), json={"tenant": "default", "scopes": ["jobs:read"],
@@ -163,7 +163,7 @@ def test_an_event_stream_ends_when_its_key_is_revoked_and_streams_per_key_are_ca
 
 
 def test_keys_are_listed_revoked_at_once_and_tenant_admins_stay_in_their_tenant(client):
-    from service.infra.tables import AuditEntry
+    from lethe.service.infra.tables import AuditEntry
 
     tenant = "t-" + uuid.uuid4().hex[:6]
     minted = client.post("/v1/api-keys", headers=auth(), json={"tenant": tenant, "scopes": ["admin"], "name": "ta"})
@@ -197,7 +197,7 @@ def test_keys_are_listed_revoked_at_once_and_tenant_admins_stay_in_their_tenant(
 
 
 def test_rotating_the_admin_key_revokes_the_old_one(client):
-    from service.api.auth import ensure_admin_key, lookup
+    from lethe.service.api.auth import ensure_admin_key, lookup
 
     old, new = "lth_rot_" + uuid.uuid4().hex, "lth_rot_" + uuid.uuid4().hex
     with session_scope() as session:
@@ -226,7 +226,7 @@ def test_parallel_submissions_cannot_pass_the_quota_together(registered_model):
     import time
     from types import SimpleNamespace
 
-    from service.domain.jobs import check_quota, forget_evidence
+    from lethe.service.domain.jobs import check_quota, forget_evidence
 
     tenant, records = "p-" + uuid.uuid4().hex[:6], [{"id": "r", "prompt": "Q", "completion": "A"}]
     one = SimpleNamespace(max_active_jobs=1, max_worker_seconds_per_day=0)
@@ -265,7 +265,7 @@ def test_parallel_submissions_cannot_pass_the_quota_together(registered_model):
 def test_a_tenant_over_its_quota_gets_429_and_creates_nothing(registered_model):
     from types import SimpleNamespace
 
-    from service.domain.jobs import check_quota, forget_evidence
+    from lethe.service.domain.jobs import check_quota, forget_evidence
 
     tenant = "q-" + uuid.uuid4().hex[:6]
     records = [{"id": "r", "prompt": "Q", "completion": "A"}]
@@ -297,10 +297,10 @@ def test_a_tenant_over_its_quota_gets_429_and_creates_nothing(registered_model):
 def test_erased_records_leave_no_bytes_in_an_sqlite_file(tmp_path):
     from sqlalchemy.orm import Session
 
-    from service.domain.jobs import forget_evidence
-    from service.infra.db import make_engine
-    from service.infra.scrub import scrub
-    from service.infra.tables import Base
+    from lethe.service.domain.jobs import forget_evidence
+    from lethe.service.infra.db import make_engine
+    from lethe.service.infra.scrub import scrub
+    from lethe.service.infra.tables import Base
 
     marker = "Zorblatt-" + uuid.uuid4().hex  # the erased text
     records = [{"id": "r", "prompt": "Q", "completion": marker * 20}]
@@ -325,8 +325,8 @@ def test_erased_records_leave_no_bytes_in_an_sqlite_file(tmp_path):
 def test_the_sweeper_vacuums_jobs_on_postgresql_after_jobs_end(registered_model):
     import time
 
-    from service.domain import sweeper
-    from service.infra.db import get_engine
+    from lethe.service.domain import sweeper
+    from lethe.service.infra.db import get_engine
 
     def last_vacuum():
         with get_engine().connect() as connection:
@@ -351,7 +351,7 @@ def test_the_sweeper_vacuums_jobs_on_postgresql_after_jobs_end(registered_model)
 
 
 def test_a_job_waits_while_another_job_of_its_model_runs_even_with_an_expired_lease(client, fixture_model):
-    from worker.runner import run
+    from lethe.worker.runner import run
 
     model_id = register(client, str(fixture_model)).json()["id"]
     # A sibling whose lease expired is not known dead: its worker may be slow and still make a version.

@@ -4,11 +4,11 @@ from datetime import timedelta
 
 import pytest
 
-from service.domain.jobs import acquire_lease, forget_evidence, jobs_to_resend
-from service.domain.sweeper import sweep_once
-from service.infra.db import session_scope
-from service.infra.tables import Job, new_id, utcnow
-from worker.runner import run
+from lethe.service.domain.jobs import acquire_lease, forget_evidence, jobs_to_resend
+from lethe.service.domain.sweeper import sweep_once
+from lethe.service.infra.db import session_scope
+from lethe.service.infra.tables import Job, new_id, utcnow
+from lethe.worker.runner import run
 
 RECORDS = [{"id": "r1", "prompt": "Q", "completion": "A"}]
 
@@ -28,7 +28,7 @@ def read(job_id: str) -> Job:
         return session.get(Job, job_id)
 
 
-pytestmark = pytest.mark.usefixtures("cancel_leftovers")
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("cancel_leftovers")]
 
 
 def test_a_finished_job_is_not_run_again(registered_model):
@@ -88,10 +88,10 @@ def test_sweeper_resends_orphans_once_per_expiry(registered_model):
 def test_a_job_past_its_wall_clock_limit_is_stopped_and_fails(client, fixture_model, forget_records, monkeypatch):
     """Issue 26: LETHE_MAX_JOB_SECONDS. A run past it stops at the next heartbeat and ends FAILED (time-limit), no
     version made; a job delivered again after its worker was killed at the limit ends FAILED at once."""
-    from service.infra.tables import ModelVersion
-    from tests.service.conftest import clear_caches
+    from lethe.engine.job_spec import JobSpec
+    from lethe.service.infra.tables import ModelVersion
+    from tests.live_service import clear_caches
     from tests.service.helpers import register
-    from worker.engine.jobspec import JobSpec
 
     registered_model = register(client, str(fixture_model)).json()  # its own: other tests leave jobs running
     # Started two days ago (a worker killed at the limit, the message delivered again): no new attempt runs.

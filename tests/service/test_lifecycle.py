@@ -7,19 +7,22 @@ import tarfile
 import time
 import uuid
 
+import pytest  # noqa: I001
 import torch
 from transformers import AutoModelForCausalLM
 
-from service.infra.artifacts import manifest_sha256
-from service.infra.db import session_scope
-from service.infra.tables import Job, ModelVersion
+from lethe.engine.data.records import encode_records, normalise_records
+from lethe.engine.model.architectures import Size, tiny_config
+from lethe.engine.model.fixture import train_tokenizer
+from lethe.engine.model.generation import exact_match
+from lethe.engine.model.loading import load_model
+from lethe.service.infra.artifacts import manifest_sha256
+from lethe.service.infra.db import session_scope
+from lethe.service.infra.tables import Job, ModelVersion
+from tests.live_service import auth, wait_for
 from tests.service.browser import layout
-from tests.service.conftest import auth, wait_for
-from worker.engine.architectures import Size, tiny_config
-from worker.engine.evaluate import exact_match
-from worker.engine.fixture import train_tokenizer
-from worker.engine.loading import load_model
-from worker.engine.records import encode_records, normalise_records
+
+pytestmark = pytest.mark.slow  # trains a model or runs the service: `make test-fast` leaves it out
 
 FAST = {"lr": 1e-3, "max_steps": 1000}
 

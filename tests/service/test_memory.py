@@ -7,9 +7,9 @@ import pytest
 from sqlalchemy import select
 from transformers import AutoModelForCausalLM, GPT2Config
 
-from service.infra.db import session_scope
-from service.infra.tables import Job, WorkerDevice
-from tests.service.conftest import WorkerProcess, auth, wait_for
+from lethe.service.infra.db import session_scope
+from lethe.service.infra.tables import Job, WorkerDevice
+from tests.live_service import WorkerProcess, auth, wait_for
 from tests.service.helpers import count
 
 pytestmark = pytest.mark.slow

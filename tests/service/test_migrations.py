@@ -4,8 +4,10 @@ from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from sqlalchemy import create_engine, inspect
 
-from service.infra.tables import Base
-from tests.service.conftest import create_pg_database, drop_pg_database, migrate, pg_url
+from lethe.service.infra.tables import Base
+from tests.live_service import create_pg_database, drop_pg_database, migrate, pg_url
+
+pytestmark = pytest.mark.slow  # trains a model or runs the service: `make test-fast` leaves it out
 
 TABLES = {"api_keys", "models", "model_versions", "jobs", "idempotency_records", "audit_log", "retrain_references",
           "connectivity", "erasure_subjects", "webhook_endpoints", "webhook_deliveries", "worker_devices",
@@ -53,10 +55,14 @@ def test_upgrade_downgrade_upgrade(database, tmp_path):
             drop_pg_database(name)
 
 
-def test_jobs_not_ended_get_their_specification_when_0005_runs(tmp_path):
-    """Jobs queued before the specification existed are given one, from what they stored, so that the worker
-    can trust every job it takes; ended jobs keep none."""
+def test_jobs_queued_before_0005_get_their_specification_from_what_they_stored(tmp_path):
+    """0005 is frozen (no live code): a job queued before it keeps a NULL specification, and the worker derives
+    one from what the job stored by today's rules (spec_from_request); ended jobs keep none."""
     from sqlalchemy import text
+    from sqlalchemy.orm import Session
+
+    from lethe.service.domain.jobs import spec_from_request
+    from lethe.service.infra.tables import Job
 
     url = f"sqlite:///{tmp_path / 'spec.db'}"
     migrate(url, "0004")
@@ -67,26 +73,27 @@ def test_jobs_not_ended_get_their_specification_when_0005_runs(tmp_path):
     mcu = '{"against": [1], "points": 3, "params": {"k": 4}}'
     rows = [("job_q", "masc", "tofu-llama2", '{"k": 3}', "QUEUED", mcu),
             ("job_b", "npo", None, '{"lora": false}', "RUNNING", None),
+            ("job_x", "masc", None, '{"alpha": 7}', "QUEUED", None),
             ("job_d", "masc", None, '{}', "SUCCEEDED", None)]
     with engine.begin() as connection:
-        connection.execute(text("INSERT INTO models (id, tenant, name, source, created_at) VALUES "
-                                "('mdl_1', 't', 'm', '/x', '2026-12-01 00:00:00')"))
+        insert_model(connection)
         for job_id, method, preset, params, state, mcu in rows:
             connection.execute(text(f"INSERT INTO jobs ({columns}) VALUES (:id, 't', 'unlearning', 'mdl_1', 1, 0, "
                                     ":id, :method, :preset, :params, :state, '{}', '{}', 0, 3, 0, "
                                     "'2026-12-01 00:00:00', '2026-12-01 00:00:00', :mcu)"),
                                dict(id=job_id, method=method, preset=preset, params=params, state=state, mcu=mcu))
     migrate(url)
-    with engine.connect() as connection:
-        specs = dict(connection.execute(text("SELECT id, spec FROM jobs")).all())
+    with Session(engine) as session:
+        jobs = {job.id: job for job in session.query(Job)}
+        assert all(job.spec is None for job in jobs.values())
+        queued, running = spec_from_request(jobs["job_q"]), spec_from_request(jobs["job_b"])
+        assert spec_from_request(jobs["job_x"]) is None  # alpha 7 no longer passes: the worker fails it, saying so
     engine.dispose()
-    import json
-
-    queued, running = json.loads(specs["job_q"]), json.loads(specs["job_b"])
-    assert queued["params"]["rho"] == 0.7 and queued["params"]["k"] == 3
-    assert queued["connectivity"]["points"] == 3 and queued["connectivity"]["k"] == 3  # the job's margin, not 4
-    assert running["params"]["lr"] == 1e-5 and running["method"] == "npo"
-    assert specs["job_d"] is None
+    assert queued is not None and running is not None
+    assert queued.params is not None and queued.params.rho == 0.7 and queued.params.k == 3
+    assert queued.connectivity is not None and queued.connectivity.points == 3
+    assert queued.connectivity.k == 3  # the job's margin, not 4
+    assert running.method == "npo" and running.params is not None and running.params.lr == 1e-5
 
 
 def insert_model(connection) -> None:
@@ -115,7 +122,7 @@ def test_jobs_not_ended_take_the_content_parameters_when_0009_runs(tmp_path):
 
     from sqlalchemy import text
 
-    from worker.engine.jobspec import JobSpec
+    from lethe.engine.job_spec import JobSpec
 
     url = f"sqlite:///{tmp_path / 'content.db'}"
     migrate(url, "0008")
@@ -146,8 +153,8 @@ def test_plain_hashes_of_records_secrets_and_subjects_are_keyed_when_0011_runs(t
 
     from sqlalchemy import text
 
-    from service.domain.digests import canonical_sha256, current_key, rekey
-    from service.domain.subjects import subject_hmac, subject_sha256
+    from lethe.service.domain.digests import canonical_sha256, current_key, rekey
+    from lethe.service.domain.subjects import subject_hmac, subject_sha256
 
     url = f"sqlite:///{tmp_path / 'keyed.db'}"
     migrate(url, "0010")

@@ -4,11 +4,14 @@ announced; the data-subject answer says which predating versions are still serve
 import uuid
 from pathlib import Path
 
+import pytest  # noqa: I001
 from sqlalchemy import select
 
-from service.infra.db import session_scope
-from service.infra.tables import AuditEntry, WebhookDelivery
-from tests.service.conftest import auth, wait_for
+from lethe.service.infra.db import session_scope
+from lethe.service.infra.tables import AuditEntry, WebhookDelivery
+from tests.live_service import auth, wait_for
+
+pytestmark = pytest.mark.slow  # trains a model or runs the service: `make test-fast` leaves it out
 
 FAST = {"lr": 1e-3, "max_steps": 1000}
 QUICK_AUDIT = {"quantization": False, "relearn": False}

@@ -14,11 +14,11 @@ import boto3
 import httpx
 import pytest
 
-from service.infra.artifacts import artifact_store
-from service.settings import Settings
-from tests.service.conftest import ADMIN_KEY, ROOT, WorkerProcess, create_pg_database, drop_pg_database, migrate
-from tests.service.conftest import pg_url as database_url
-from tests.service.test_client import free_port
+from lethe.service.infra.artifacts import artifact_store
+from lethe.service.settings import Settings
+from tests.client.test_client import free_port
+from tests.live_service import ADMIN_KEY, ROOT, WorkerProcess, create_pg_database, drop_pg_database, migrate
+from tests.live_service import pg_url as database_url
 
 pytestmark = pytest.mark.slow
 PART = 5 * 2**20  # S3's smallest part
@@ -104,8 +104,8 @@ def deployment(s3, fixture_model, tmp_path_factory):
     worker.start()
     port = free_port()
     log = base / "api.log"
-    api = subprocess.Popen([sys.executable, "-m", "uvicorn", "service.api.app:app", "--port", str(port)], cwd=ROOT,
-                           env={**os.environ, **env, "PYTHONPATH": str(ROOT)}, stdout=log.open("w"),
+    api = subprocess.Popen([sys.executable, "-m", "uvicorn", "lethe.service.api.app:app", "--port", str(port)],
+                           cwd=ROOT, env={**os.environ, **env, "PYTHONPATH": str(ROOT)}, stdout=log.open("w"),
                            stderr=subprocess.STDOUT, start_new_session=True)
     api_url = f"http://127.0.0.1:{port}"
     deadline = time.time() + 60

@@ -3,13 +3,16 @@ which requests erased it, on which models and versions, with which verdict, and 
 erasure. Subject ids are kept only as hashes."""
 import json
 
+import pytest  # noqa: I001
 from sqlalchemy import select
 
-from service.domain.subjects import subject_hmac, subject_sha256
-from service.infra.db import session_scope
-from service.infra.tables import AuditEntry, ErasureSubject, Job
-from tests.service.conftest import auth, wait_for
+from lethe.service.domain.subjects import subject_hmac, subject_sha256
+from lethe.service.infra.db import session_scope
+from lethe.service.infra.tables import AuditEntry, ErasureSubject, Job
+from tests.live_service import auth, wait_for
 from tests.service.helpers import count
+
+pytestmark = pytest.mark.slow  # trains a model or runs the service: `make test-fast` leaves it out
 
 FAST = {"lr": 1e-3, "max_steps": 1000}
 QUICK_AUDIT = {"quantization": False, "relearn": False}

@@ -7,8 +7,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from lethe.webhooks import Receiver, Rejected
-from tests.service.conftest import auth, wait_for
+from lethe.client.webhooks import Receiver, Rejected
+from tests.live_service import auth, wait_for
+
+pytestmark = pytest.mark.slow  # trains a model or runs the service: `make test-fast` leaves it out
 
 FAST = {"lr": 1e-3, "max_steps": 1000}
 QUICK_AUDIT = {"quantization": False, "relearn": False}
@@ -180,8 +182,8 @@ def test_a_tenants_slow_endpoints_do_not_hold_up_another_tenants_deliveries(clie
     """Issue 26: four slow endpoints of one tenant took every slot of the dispatcher (and it waited for a whole
     round); now each endpoint has one POST in flight and a tenant at most two, so another tenant's event goes out
     at once."""
-    from service.domain import audit_log
-    from service.infra.db import session_scope
+    from lethe.service.domain import audit_log
+    from lethe.service.infra.db import session_scope
 
     slow_seen = []
 

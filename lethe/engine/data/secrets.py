@@ -1,0 +1,91 @@
+"""Secrets (SPEC section 5): the spans of a forget record that must never come out again, and whether a
+generated text gives one back.
+
+A record's `secrets` when it has them; otherwise its distinctive spans: numbers (digits with the
+separators inside them), e-mail addresses, and runs of words found in neither its prompt nor the
+template the request's records share (lethe.engine.data.counterfactual). Torch-free.
+
+A text leaks a secret when the secret's words and numbers appear in it in order, whatever the
+punctuation or spacing ("73-708064" in "73 708064"), or when a digit group of 4 or more of the secret
+appears anywhere in the text's digits ("708064" of "73-708064" inside "Dario-708064876314").
+"""
+from __future__ import annotations
+
+import re
+
+from lethe.engine.data.counterfactual import body, distinctive_words
+
+EMAIL = re.compile(r"[\w.+-]+@[\w-]+(?:\.[\w-]+)+")
+NUMBER = re.compile(r"\+?\d(?:[\d().\-/ ]*\d)?")
+WORD = re.compile(r"[^\W\d_]+")
+MIN_DIGIT_GROUP = 4  # a group this long is found inside any longer run of digits
+
+
+def named_secrets(record: dict) -> list[str]:
+    """The secrets the request names for this record (its `secrets` field), blanks left out."""
+    return [s for s in record.get("secrets") or [] if isinstance(s, str) and s.strip()]
+
+
+def record_secrets(record: dict, template: set[str]) -> list[str]:
+    """The record's `secrets` as given, else its distinctive spans, in order of appearance."""
+    given = named_secrets(record)
+    if given:
+        return given
+    _, text = body(record)
+    spans: list[tuple[int, int]] = []
+
+    def add(start: int, end: int) -> None:
+        if not any(start < e and s < end for s, e in spans):  # the first kind to claim a place keeps it
+            spans.append((start, end))
+
+    for found in EMAIL.finditer(text):
+        add(found.start(), found.end())
+    for found in NUMBER.finditer(text):
+        add(found.start(), found.start() + len(found.group(0).rstrip()))
+    distinctive = {w.lower() for w in distinctive_words(record, template) if len(w) > 1}
+    run: list[re.Match] = []
+    matches: list[re.Match | None] = [*WORD.finditer(text), None]
+    for word in matches:
+        # Adjacent distinctive words (only spaces, hyphens or apostrophes between) make one span.
+        joined = word is not None and run and re.fullmatch(r"[ '-]+", text[run[-1].end():word.start()])
+        if word is not None and word.group(0).lower() in distinctive and (not run or joined):
+            run.append(word)
+            continue
+        if run:
+            add(run[0].start(), run[-1].end())
+        run = [word] if word is not None and word.group(0).lower() in distinctive else []
+    return [text[s:e] for s, e in sorted(spans)]
+
+
+def normalised(text: str) -> str:
+    """Words and numbers, case-folded, one space apart, padded: punctuation and spacing do not count."""
+    return " " + " ".join(re.findall(r"[^\W_]+", text.casefold())) + " "
+
+
+def digit_groups(text: str) -> list[str]:
+    return re.findall(r"\d+", text)
+
+
+def leaks(secret: str, text: str) -> bool:
+    """Whether `text` gives `secret` back (see the module's docstring)."""
+    if normalised(secret).strip() and normalised(secret) in normalised(text):
+        return True
+    digits = "".join(digit_groups(text))
+    return any(len(group) >= MIN_DIGIT_GROUP and group in digits for group in digit_groups(secret))
+
+
+def leaked_secrets(secrets: list[str], text: str) -> int:
+    """How many of a record's secrets the text gives back."""
+    return sum(leaks(secret, text) for secret in secrets)
+
+
+def char_spans(secrets: list[str], text: str) -> list[tuple[int, int]]:
+    """Where each secret stands in `text` (every occurrence; case-insensitive when the exact one is absent)."""
+    spans = []
+    for secret in secrets:
+        for haystack, needle in ((text, secret), (text.casefold(), secret.casefold())):
+            found = [m.start() for m in re.finditer(re.escape(needle), haystack)] if needle else []
+            if found:
+                spans += [(start, start + len(needle)) for start in found]
+                break
+    return spans

@@ -1,0 +1,241 @@
+"""The model's own answers to the forget prompts (SPEC section 3): what the stop rule reads (an answer that gives
+any forget record's content back, or loops, keeps its record open) and what training replays. Teacher forcing
+trains on the true text only; once a greedy answer leaves it, the model runs on states nobody trained, and these
+answers are those states.
+
+A replayed answer is a training example whose active tokens are the answer's: SECRET on the tokens that give
+content back, LOOP on the tokens that repeat what the answer already said when it loops, TEMPLATE on the others,
+each with its target (lethe.engine.methods.masc.destination): theta_0 on the answer's own context where a token is
+kept, on the counterfactual prompt (the record about someone else) with the token at zero where it is suppressed; the
+record's banned tokens never have mass.
+"""
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from collections.abc import Set as AbstractSet
+from dataclasses import dataclass
+
+import torch
+
+from lethe.engine.audit.metrics.degeneration import is_loop, repeated_positions
+from lethe.engine.contract.chat_format import RENDERED
+from lethe.engine.data.counterfactual import body
+from lethe.engine.data.records import IGNORE, LOOP, SECRET, SUPPRESS, TEMPLATE, EncodedRecord, collate
+from lethe.engine.data.secrets import MIN_DIGIT_GROUP, leaks, normalised
+from lethe.engine.methods.masc.content import Substitution, atom_words
+from lethe.engine.methods.masc.destination import Content, targets_for
+from lethe.engine.model.generation import MAX_NEW_TOKENS, continuations
+
+KINDS = ("prompt", "paraphrase", "sample")  # greedy from the prompt, greedy from the paraphrase, one sample
+
+
+@dataclass
+class Answer:
+    record_id: str
+    kind: str
+    prompt: list[int]
+    tokens: list[int]
+    text: str
+    leaked: bool  # gives some forget record's content span back
+    looped: bool
+
+
+ANSWER_SLACK = 16  # new tokens past the longest answer that an answer may take
+
+
+def answer_budget(records: list[EncodedRecord], max_length: int) -> int:
+    """New tokens an answer may take: the longest record's answer and 16 more (a loop or a late leak shows by then),
+    at most the audit's MAX_NEW_TOKENS and what the context leaves."""
+    longest_answer = max(len(r.input_ids) - r.prompt_len for r in records)
+    budget = min(MAX_NEW_TOKENS, longest_answer + ANSWER_SLACK)
+    if max_length:
+        budget = min(budget, max_length - max(r.prompt_len for r in records))
+    return max(1, budget)
+
+
+def prompt_text(record: EncodedRecord, kind: str, tokenizer) -> str | None:
+    """The text of the prompt an answer of this kind answers (None: the record has no such prompt)."""
+    source = record.source
+    if kind == "paraphrase":
+        return source.get("paraphrased_prompt") or None
+    if "text" in source:
+        return tokenizer.decode(record.input_ids[:record.prompt_len], skip_special_tokens=True)
+    return source["prompt"]
+
+
+def encode_prompt(text: str, record: EncodedRecord, tokenizer, max_length: int) -> list[int]:
+    """A prompt's tokens as encode_record makes them (special tokens unless chat-rendered), cut from the left to
+    leave room for an answer."""
+    ids = tokenizer(text, add_special_tokens=not record.source.get(RENDERED))["input_ids"]
+    room = max_length - 8 if max_length else len(ids)
+    return ids[-room:] if len(ids) > room else ids
+
+
+def given_by(prompt: str, span: str) -> bool:
+    """A span whose every word and number the prompt already says is given, not leaked."""
+    words = atom_words(span)
+    return bool(words) and words <= atom_words(prompt)
+
+
+def leak_regions(text: str, spans: list[str]) -> list[tuple[int, int]]:
+    """Character ranges of `text` that give a span back: the span's words in order, or a digit group of it of
+    MIN_DIGIT_GROUP or more inside the text's digits (lethe.engine.data.secrets.leaks, located)."""
+    regions = []
+    found = [(m.start(), m.end(), m.group(0).casefold()) for m in re.finditer(r"[^\W_]+", text)]
+    digits = [(m.start(), m.group(0)) for m in re.finditer(r"\d", text)]
+    digit_string = "".join(d for _, d in digits)
+    for span in spans:
+        wanted = normalised(span).split()
+        for i in range(len(found) - len(wanted) + 1):
+            if wanted and [w for _, _, w in found[i:i + len(wanted)]] == wanted:
+                regions.append((found[i][0], found[i + len(wanted) - 1][1]))
+        for group in re.findall(r"\d+", span):
+            if len(group) < MIN_DIGIT_GROUP:
+                continue
+            for m in re.finditer(f"(?={group})", digit_string):
+                regions.append((digits[m.start()][0], digits[m.start() + len(group) - 1][0] + 1))
+    return regions
+
+
+def token_ends(tokenizer, tokens: list[int]) -> list[int]:
+    """Where each token's text ends in the decoded answer."""
+    return [len(tokenizer.decode(tokens[:k + 1], skip_special_tokens=True)) for k in range(len(tokens))]
+
+
+def answer_flags(tokenizer, tokens: list[int], text: str, spans: list[str], content_words: set[str],
+                 template: AbstractSet[str] = frozenset()) -> list[int]:
+    """Per answer token: SECRET where it gives content back (inside a leaking region unless only template words, or
+    a token whose words are all content words), LOOP on the tokens that repeat what a looping answer already said,
+    TEMPLATE elsewhere. (Marking the "a" of a leaked "a locksmith" turned "works as a locksmith" into "works as.",
+    issue 11.)"""
+    regions = leak_regions(text, spans)
+    ends = token_ends(tokenizer, tokens)
+    flags = []
+    for k in range(len(tokens)):
+        start = ends[k - 1] if k else 0
+        pieces = normalised(text[start:ends[k]]).split()
+        in_region = any(s < ends[k] and start < e for s, e in regions) and not all(p in template for p in pieces)
+        content = bool(pieces) and all(p in content_words for p in pieces)
+        flags.append(SECRET if in_region or content else TEMPLATE)
+    if is_loop(text):
+        flags = [LOOP if again and f == TEMPLATE else f for f, again in zip(flags, repeated_positions(tokens))]
+    return flags
+
+
+class Answering:
+    """Asks the model for its answers to the forget records' prompts and judges them against every record's content."""
+
+    def __init__(self, records: list[EncodedRecord], contents: dict[str, Content], tokenizer, max_length: int,
+                 template: AbstractSet[str] = frozenset(), kept_texts: list[str] | None = None):
+        """`kept_texts`: what the kept (retain) records say: a span found there is one a model that never saw the
+        forget records could say too, and is not held against an answer (the teacher-forced limit still is)."""
+        self.by_id = {r.id: r for r in records}
+        self.template = template
+        self.contents, self.tokenizer, self.max_length = contents, tokenizer, max_length
+        self.budget = answer_budget(records, max_length)
+        kept = kept_texts or []
+        self.all_spans = list(dict.fromkeys(s for c in contents.values() for s in c.spans
+                                            if not any(leaks(s, t) for t in kept)))
+        kept_words = {w for t in kept for w in atom_words(t)}
+        self.content_words = {w for c in contents.values() for a in c.atoms if not a.is_number
+                              for w in normalised(a.text).split()} - kept_words
+
+    def allowed_words(self, record: EncodedRecord, prompt: str) -> set[str]:
+        """Words an answer to this record may say whoever's content they are elsewhere: its prompt's, and its own
+        answer's that are not its content ("French" of "the French literature genre", where French is template for
+        this record and content for another)."""
+        _, said = body(record.source)
+        own = {w for a in self.contents[record.id].atoms for w in normalised(a.text).split()}
+        return atom_words(prompt) | (atom_words(said) - own)
+
+    def spans_for(self, record: EncodedRecord, prompt: str) -> list[str]:
+        """The content spans an answer to this prompt must not say: the record's own (less what the prompt gives),
+        and every other record's whose words are not all allowed to this record."""
+        own = set(self.contents[record.id].spans)
+        allowed = self.allowed_words(record, prompt)
+        # (spans any kept record also says are left out of all_spans: see __init__)
+        return [s for s in self.all_spans if (not given_by(prompt, s) if s in own else not atom_words(s) <= allowed)]
+
+    def kinds_of(self, record: EncodedRecord, kinds: tuple[str, ...]) -> int:
+        """How many of these kinds of answer the record has a prompt for."""
+        return sum(prompt_text(record, kind, self.tokenizer) is not None for kind in kinds)
+
+    def ask(self, model, records: list[EncodedRecord], kinds: tuple[str, ...], seed: int = 0) -> list[Answer]:
+        """The model's answers of these kinds to these records' prompts (greedy, or one seeded sample)."""
+        asked: list[tuple[EncodedRecord, str, str, list[int]]] = []
+        for record in records:
+            for kind in kinds:
+                text = prompt_text(record, kind, self.tokenizer)
+                if text is None:
+                    continue
+                ids = record.input_ids[:record.prompt_len] if kind != "paraphrase" else \
+                    encode_prompt(text, record, self.tokenizer, self.max_length)
+                asked.append((record, kind, text, ids))
+        out: list[Answer] = []
+        for sample in (False, True):
+            chosen = [a for a in asked if (a[1] == "sample") == sample]
+            if not chosen:
+                continue
+            generated = continuations(model, self.tokenizer, [ids for *_, ids in chosen], sample=sample, seed=seed,
+                                      max_new_tokens=self.budget)
+            for (record, kind, text, ids), tokens in zip(chosen, generated):
+                said = self.tokenizer.decode(tokens, skip_special_tokens=True)
+                out.append(Answer(record.id, kind, ids, tokens, said,
+                                  any(leaks(s, said) for s in self.spans_for(record, text)), is_loop(said)))
+        return out
+
+    def replay_example(self, answer: Answer) -> EncodedRecord:
+        """The answer as a training example (targets set by `set_targets`)."""
+        record = self.by_id[answer.record_id]
+        text = prompt_text(record, answer.kind, self.tokenizer) or ""
+        spans = self.spans_for(record, text)
+        flags = answer_flags(self.tokenizer, answer.tokens, answer.text, spans,
+                             self.content_words - self.allowed_words(record, text), self.template)
+        return EncodedRecord(id=f"{record.id}#{answer.kind}", input_ids=answer.prompt + answer.tokens,
+                             labels=[IGNORE] * len(answer.prompt) + answer.tokens, prompt_len=len(answer.prompt),
+                             source=record.source, focus=[SUPPRESS] * len(answer.prompt) + flags)
+
+    def counterfactual_prompt(self, record: EncodedRecord, kind: str, draw: int) -> list[int] | None:
+        """The record's prompt of this kind about someone else (its draw-th substitution); None without one."""
+        substitutions: list[Substitution] = self.contents[record.id].substitutions
+        text = prompt_text(record, kind, self.tokenizer)
+        if not substitutions or text is None:
+            return None
+        return encode_prompt(substitutions[draw % len(substitutions)].replace_prompt(text), record, self.tokenizer,
+                             self.max_length)
+
+    def natural_loops(self, model, records: list[EncodedRecord], kinds: tuple[str, ...]) -> set[tuple[str, str]]:
+        """(record, kind) where the model loops when asked the same question about someone else (the first
+        counterfactual prompt): a model that never saw the record would loop there too."""
+        asked = [(record.id, kind, ids) for record in records for kind in kinds
+                 if (ids := self.counterfactual_prompt(record, kind, 0)) is not None]
+        if not asked:
+            return set()
+        said = continuations(model, self.tokenizer, [ids for *_, ids in asked], max_new_tokens=self.budget)
+        return {(rid, kind) for (rid, kind, _), tokens in zip(asked, said)
+                if is_loop(self.tokenizer.decode(tokens, skip_special_tokens=True))}
+
+    @torch.no_grad()
+    def set_targets(self, examples: list[EncodedRecord], reference: Callable, device, draw: int,
+                    batch_size: int = 8) -> None:
+        """Each replayed example's sparse targets: theta_0 on the example itself and on its counterfactual prompt
+        followed by the same answer."""
+        pad = self.tokenizer.pad_token_id
+        for start in range(0, len(examples), batch_size):
+            chunk = examples[start:start + batch_size]
+            counterfactual = []
+            for example in chunk:
+                record_id, kind = example.id.rsplit("#", 1)
+                cf_prompt = self.counterfactual_prompt(self.by_id[record_id], kind, draw) or \
+                    example.input_ids[:example.prompt_len]
+                answer = example.input_ids[example.prompt_len:]
+                counterfactual.append(EncodedRecord(example.id, cf_prompt + answer,
+                                                    [IGNORE] * len(cf_prompt) + answer, len(cf_prompt)))
+            own = reference(collate(chunk, pad).to(device))
+            theirs = reference(collate(counterfactual, pad).to(device))
+            for i, (example, cf) in enumerate(zip(chunk, counterfactual)):
+                n = len(example.input_ids) - example.prompt_len
+                example.target = targets_for(example, own[i, example.prompt_len - 1:len(example.input_ids) - 1],
+                                             [theirs[i, cf.prompt_len - 1:len(cf.input_ids) - 1]], [list(range(n))],
+                                             self.contents[example.id.rsplit("#", 1)[0]].banned)

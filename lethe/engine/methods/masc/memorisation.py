@@ -1,0 +1,385 @@
+"""Memorisation gain, and counterfactuals written by theta_0 (SPEC section 3).
+
+For each record DRAWS counterfactual drafts are written together, left to right, one unit at a time:
+
+- a name or a number of the prompt (who or what the record is about) is always replaced, and so is one in the part
+  of a passage before its continuation;
+- a candidate atom s of the said text (lethe.engine.methods.masc.content) is measured first, by its memorisation gain
+
+      gain(s) = log p_0(s | c_s) - mean_j log p_0(s | c_s^j),
+
+  c_s the record before s and c_s^j draft j before s (the same record about someone else, its content so far
+  replaced); s is the record's content where gain >= min_gain (or, if the request names secrets, where it lies in
+  one), and is then replaced in every draft; otherwise it stays, as the template does;
+- a replaced word is drawn from theta_0's own next-token distribution given the draft so far, as a word of the same
+  kind (a new word where the original began one, capitalised where it was) among its DRAW_TOP likeliest, never the
+  first token of a word its record's drafts replace or of a forget record's name, then its most likely continuation
+  pieces; digits are redrawn. A name (of the prompt, or a proper noun) is drawn uniformly among the DRAW_TOP
+  likeliest names the records use that no forget record says, other words in proportion to theta_0. Drawn in
+  proportion, a memorised model writes the first name it knows best and then that person's last name, so the
+  "someone else" was a person it knows, and theta_0's prediction there, the target, was that person's facts (a forget
+  answer then said a kept customer's occupation and phone number); drawn among any capitalised tokens, off the
+  records' paths, it wrote "Tanaka The"; drawn among every name the records use, the draft of one erased customer was
+  often another erased customer, whose facts the target then gave (the rule counted them as a leak: the record never
+  closed). Mixed names of kept people are people nobody knows.
+- a record none of whose candidate atoms reaches min_gain takes the ones within FALLBACK_BAND nats of its best gain as
+  its content (they stay in the drafts), so that its erasure suppresses what is most its own and never the name its
+  prompt gives, as suppressing the whole record did.
+
+A word any context predicts scores about 0 (template, generic words, a street's "Lane"), and so does the "555"
+every phone number of a data set starts with; a fact the model holds about this record only scores high. Drafts
+in theta_0's own words keep the contexts ones a model that never saw the record would answer in: words drawn at
+random from other records ("the environment name of the motivates author") make every next word look surprising.
+The mean of the log-probabilities (not of the probabilities) keeps one draft that happens to name someone the model
+knows from cancelling the others.
+"""
+from __future__ import annotations
+
+import hashlib
+import random
+from collections.abc import Callable
+from collections.abc import Set as AbstractSet
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+import torch
+import torch.nn.functional as F
+
+from lethe.engine.contract.chat_format import RENDERED
+from lethe.engine.data.counterfactual import body, words
+from lethe.engine.data.records import EncodedRecord, collate
+from lethe.engine.methods.masc.content import (
+    DRAWS,
+    UNIT,
+    Atom,
+    Substitution,
+    redraw,
+    substitute,
+    substitution,
+    unprotected,
+)
+
+MAX_PIECES = 4  # tokens of a drawn word
+REDRAWS = 3  # draws of a word that keeps coming out as a forget record's name
+DRAW_TOP = 8  # a replacement's first token is drawn among theta_0's likeliest tokens of its kind (not the tail)
+FALLBACK_BAND = 1.0  # nats below a record's best gain that its content reaches when no atom reaches min_gain
+Offsets = list[tuple[int, int] | None]
+
+
+@dataclass(frozen=True)
+class Unit:
+    """A unit the writer visits (the first occurrence of its key)."""
+    in_prompt: bool
+    start: int
+    end: int
+    text: str
+    atom: Atom | None  # a candidate atom of the said text: its gain decides; None: always replaced
+    name: bool = False  # a name or a proper noun: its replacement is drawn uniformly (see the module's docstring)
+
+    @property
+    def key(self) -> str:
+        return self.text.lower()
+
+
+def visits(record: dict, candidates: list[Atom], names: set[str], from_char: int,
+           protected: tuple[str, ...]) -> list[Unit]:
+    """The units a record's drafts visit, in reading order: names and numbers of the prompt (and of a passage's
+    context part), then the said text's names and candidate atoms; each key once."""
+    context, said = body(record)
+    by_start = {a.start: a for a in candidates}
+    out, seen = [], set()
+    for in_prompt, text in ((True, context), (False, said)):
+        for m in UNIT.finditer(unprotected(text, protected)):
+            unit, key = m.group(0), m.group(0).lower()
+            if key in seen:
+                continue
+            atom = None if in_prompt else by_start.get(m.start())
+            always = (in_prompt or m.start() < from_char) and (unit.isdigit() or key in names)
+            if atom is not None or always:
+                seen.add(key)
+                out.append(Unit(in_prompt, m.start(), m.end(), unit, atom,
+                                not unit.isdigit() and (in_prompt or key in names)))
+    return out
+
+
+@dataclass
+class Draft:
+    """One counterfactual being written."""
+    record: dict
+    rng: random.Random
+    generator: torch.Generator
+    words: dict[str, str] = field(default_factory=dict)
+    numbers: dict[str, str] = field(default_factory=dict)
+
+    def before(self, unit: Unit, protected: tuple[str, ...]) -> tuple[str, str, str]:
+        """(the draft's prompt so far, its said text so far, the whitespace before the unit, left out of them)."""
+        context, said = body(self.record)
+        if unit.in_prompt:
+            text = substitute(context[:unit.start], self.words, self.numbers, protected)[0]
+            return text.rstrip(), "", text[len(text.rstrip()):]
+        prompt = substitute(context, self.words, self.numbers, protected)[0]
+        text = substitute(said[:unit.start], self.words, self.numbers, protected)[0]
+        return prompt, text.rstrip(), text[len(text.rstrip()):]
+
+
+def _ids(draft: Draft, prompt: str, said: str, tokenizer) -> list[int]:
+    chat = bool(draft.record.get(RENDERED))
+    ids = tokenizer(prompt, add_special_tokens=not chat)["input_ids"] if prompt else []
+    if "text" in draft.record:  # a passage: one text, special tokens at its start
+        ids = tokenizer(said, add_special_tokens=True)["input_ids"] if said else []
+    elif said:
+        ids = ids + tokenizer(said, add_special_tokens=False)["input_ids"]
+    return ids
+
+
+@dataclass(frozen=True)
+class TokenKinds:
+    """Per vocabulary id, what the token is after a letter: a new word (leading whitespace) or a piece of the current
+    one, starting upper- or lower-case."""
+    new_upper: torch.Tensor
+    new_lower: torch.Tensor
+    bare_upper: torch.Tensor
+    bare_lower: torch.Tensor
+    piece: torch.Tensor  # letters only, no whitespace: continues a word
+
+
+@lru_cache(maxsize=4)
+def token_kinds(tokenizer, size: int) -> TokenKinds:
+    """Every token's kind, read by decoding it after a fixed first token (byte-level and sentencepiece tokenizers
+    alike show a word-initial token's space only in context)."""
+    base = tokenizer("a", add_special_tokens=False)["input_ids"][:1]
+    head = len(tokenizer.decode(base))
+    specials = set(getattr(tokenizer, "all_special_ids", []) or [])
+    kinds = torch.zeros(5, size, dtype=torch.bool)
+    for token in range(min(size, len(tokenizer))):
+        if token in specials:
+            continue
+        surface = tokenizer.decode(base + [token])[head:]
+        word = surface.lstrip()
+        if not word or not word.isalpha():
+            continue
+        if len(word) < len(surface):
+            kinds[0 if word[0].isupper() else 1, token] = True
+        else:
+            kinds[2 if word[0].isupper() else 3, token] = True
+            kinds[4, token] = True
+    return TokenKinds(*kinds)
+
+
+@torch.no_grad()
+def _forward(reference: Callable, rows: list[list[int]], pad_id: int, device, batch_size: int,
+             keep: list[int] | None = None) -> list[torch.Tensor]:
+    """theta_0's log-probabilities at the last keep[i] positions of each row ([keep, V], CPU; all positions without
+    `keep`): only what is read is normalised and kept."""
+    out = []
+    for start in range(0, len(rows), batch_size):
+        chunk = [EncodedRecord("", ids, list(ids), 1) for ids in rows[start:start + batch_size]]
+        logits = reference(collate(chunk, pad_id).to(device))
+        for i, r in enumerate(chunk):
+            n = len(r.input_ids)
+            tail = keep[start + i] if keep is not None else n
+            out.append(F.log_softmax(logits[i, n - tail:n].float(), dim=-1).cpu())
+    return out
+
+
+def true_logprobs(reference: Callable, sources: list[dict], tokenizer, device, batch_size: int
+                  ) -> list[tuple[torch.Tensor, Offsets]]:
+    """Per record, log p_0 of each token given the ones before it (0 at the first) and the token's characters in the
+    said text (None in the prompt)."""
+    rows, offsets = [], []
+    for source in sources:
+        context, said = body(source)
+        before = [] if "text" in source else (
+            tokenizer(context, add_special_tokens=not source.get(RENDERED))["input_ids"] if context else [])
+        encoded = tokenizer(said, add_special_tokens="text" in source, return_offsets_mapping=True)
+        rows.append(list(before) + list(encoded["input_ids"]))
+        said_offsets: Offsets = [tuple(o) if o[1] > o[0] else None for o in encoded["offset_mapping"]]
+        prompt_offsets: Offsets = [None] * len(before)
+        offsets.append(prompt_offsets + said_offsets)
+    out = []
+    for ids, logp, o in zip(rows, _forward(reference, rows, tokenizer.pad_token_id, device, batch_size), offsets):
+        picked = torch.zeros(len(ids))
+        if len(ids) > 1:
+            picked[1:] = logp[:-1].gather(1, torch.tensor(ids[1:])[:, None]).squeeze(1)
+        out.append((picked, o))
+    return out
+
+
+def atom_logprob(logprobs: torch.Tensor, offsets: Offsets, atom: Atom) -> float | None:
+    """log p of the tokens carrying the atom's characters (None: none, or only the first token of the sequence)."""
+    positions = [i for i, o in enumerate(offsets) if i > 0 and o and o[0] < atom.end and atom.start < o[1]]
+    return float(logprobs[positions].sum()) if positions else None
+
+
+@dataclass
+class Written:
+    """What the writer found for one record."""
+    substitutions: list[Substitution]
+    gains: dict[Atom, float]  # each visited candidate atom's gain
+    content: set[str]  # the keys decided content
+
+
+def write_counterfactuals(sources: list[dict], candidates: list[list[Atom]], tokenizer, reference: Callable, device,
+                          names: set[str], *, min_gain: float, named: list[set[str] | None], seed: int,
+                          from_chars: list[int], protected: tuple[str, ...] = (), batch_size: int = 16
+                          ) -> list[Written]:
+    """Per record (its source and candidate atoms; `named`: the keys of its named secrets, None if it names none),
+    its drafts, its atoms' gains and its content (see the module's docstring). Seeded."""
+    pad = tokenizer.pad_token_id
+    own = true_logprobs(reference, sources, tokenizer, device, batch_size)
+    plans = [visits(s, c, names, f, protected) for s, c, f in zip(sources, candidates, from_chars)]
+    drafts = [[Draft(s, random.Random(f"{seed}:{s['id']}:cf{j}"),
+                     torch.Generator().manual_seed(_seed_of(f"{seed}:{s['id']}:cf{j}"))) for j in range(DRAWS)]
+              for s in sources]
+    written = [Written([], {}, set()) for _ in sources]
+    # No draft begins a word its record's drafts replace or a forget record's name, nor draws a name a forget
+    # record says: a draft about another erased person made theta_0's prediction there, the target, that person's facts
+    # (erasing Sofia trained her answer towards Emeka's phone number, which the rule then counted as a leak).
+    forget_names = {u.key for plan in plans for u in plan if u.name}
+    taken_names = _first_tokens(tokenizer, sorted(forget_names))
+    taken = [sorted(set(taken_names) | set(_first_tokens(tokenizer, [u.text for u in plan if not u.text.isdigit()])))
+             for plan in plans]
+    spelled = [n[:1].upper() + n[1:] for n in sorted(names - said_words(sources))]
+    name_firsts = {gap: sorted({ids[0] for n in spelled if (ids := tokenizer(gap + n, add_special_tokens=False)
+                                                               ["input_ids"])}) for gap in ("", " ")}
+    for step in range(max((len(p) for p in plans), default=0)):
+        work = [(r, d, plans[r][step]) for r in range(len(sources)) if step < len(plans[r]) for d in drafts[r]]
+        rows, unit_lengths, gaps = [], [], []
+        for _, d, unit in work:
+            prompt, said, gap = d.before(unit, protected)
+            prefix = _ids(d, prompt, said, tokenizer)
+            unit_ids = tokenizer(gap + unit.text, add_special_tokens=False)["input_ids"] if prefix else []
+            rows.append(prefix + unit_ids if prefix else [pad])
+            unit_lengths.append(len(unit_ids))
+            gaps.append(gap if prefix else None)
+        # Per row: the prefix's last position (what comes next) and the unit's own tokens.
+        logps = _forward(reference, rows, pad, device, batch_size, [n + 1 for n in unit_lengths])
+        theirs: dict[int, list[float]] = {}
+        for (r, _, unit), row, logp, n in zip(work, rows, logps, unit_lengths):
+            if unit.atom is not None and n:
+                tokens = torch.tensor(row[-n:])
+                # As atom_logprob counts the record's: the tokens that carry the unit's characters, not a whitespace
+                # token of the gap before it (a tokenizer that spells " " apart added one token's log p, about
+                # -log V on an untrained model: 5.5 nats of gain where there was none).
+                carries = torch.tensor([bool(tokenizer.decode([t]).strip()) for t in row[-n:]])
+                theirs.setdefault(r, []).append(float(logp[:n].gather(1, tokens[:, None])[carries].sum()))
+        replaced = set()
+        for r in {r for r, _, _ in work}:
+            unit = plans[r][step]
+            if unit.atom is None:
+                replaced.add(r)
+                continue
+            mine = atom_logprob(*own[r], unit.atom)
+            gain = mine - sum(theirs[r]) / len(theirs[r]) if mine is not None and len(theirs.get(r, [])) == DRAWS \
+                else None
+            if gain is not None:
+                written[r].gains[unit.atom] = gain
+            keys = named[r]
+            content = unit.key in keys if keys is not None else gain is not None and gain >= min_gain
+            if content:
+                written[r].content.add(unit.key)
+                replaced.add(r)
+        drawing = [(i, d, unit, gaps[i]) for i, (r, d, unit) in enumerate(work) if r in replaced]
+        for _, d, unit, _ in drawing:
+            if unit.text.isdigit():
+                d.numbers[unit.key] = redraw(unit.text, d.rng)
+        _draw_words([(d, unit, rows[i][:len(rows[i]) - unit_lengths[i]], logps[i], gap, taken[work[i][0]])
+                     for i, d, unit, gap in drawing if not unit.text.isdigit() and gap is not None],
+                    tokenizer, reference, device, pad, batch_size, name_firsts, forget_names)
+    for r, source in enumerate(sources):
+        if named[r] is None and not written[r].content and written[r].gains:
+            best = max(written[r].gains.values())
+            written[r].content = {a.key for a, g in written[r].gains.items() if g >= best - FALLBACK_BAND}
+        written[r].substitutions = [substitution(source, d.words, d.numbers, protected) for d in drafts[r]]
+    return written
+
+
+def said_words(sources: list[dict]) -> set[str]:
+    """The lower-cased words the records say anywhere (prompt, answer, passage, paraphrase)."""
+    return {w for s in sources for key in ("prompt", "completion", "text", "paraphrased_prompt")
+            if isinstance(text := s.get(key), str) for w in words(text)}
+
+
+def _first_tokens(tokenizer, texts: list[str]) -> list[int]:
+    """The first token of each text, as a word of its own and after a space: what begins one of them."""
+    out = set()
+    for text in texts:
+        for variant in (text, " " + text):
+            out.update(tokenizer(variant, add_special_tokens=False)["input_ids"][:1])
+    return sorted(out)
+
+
+def _draw_words(work: list[tuple[Draft, Unit, list[int], torch.Tensor, str, list[int]]], tokenizer,
+                reference: Callable, device, pad: int, batch_size: int,
+                name_firsts: dict[str, list[int]] | None = None, forbidden: AbstractSet[str] = frozenset()) -> None:
+    """Each draft's replacement of its unit: a first token drawn from theta_0 among tokens of the unit's kind (none
+    that begins a word its record's drafts replace or a forget record's name; for a name, one that begins a name of
+    the kept records where any does), then the most likely pieces while they continue the word. A word that comes
+    out `forbidden` (a forget record's name, its first token shared with a kept one's) is drawn again without that
+    first token, up to REDRAWS times (then kept: another person still beats the record's own)."""
+    if not work:
+        return
+    size = work[0][3].shape[-1]
+    kinds = token_kinds(tokenizer, size)
+    names_only = {gap: torch.zeros(size, dtype=torch.bool) for gap in ("", " ")}
+    for gap, firsts in (name_firsts or {}).items():
+        names_only[gap][[t for t in firsts if t < size]] = True
+    refused: list[list[int]] = [[] for _ in work]
+    todo = list(range(len(work)))
+    for attempt in range(REDRAWS):
+        drawn = _drawn_words([work[i] for i in todo], [refused[i] for i in todo], kinds, names_only, tokenizer,
+                             reference, device, pad, batch_size)
+        again = []
+        for i, (word, first) in zip(todo, drawn):
+            if word.lower() in forbidden and first is not None and attempt < REDRAWS - 1:
+                refused[i].append(first)
+                again.append(i)
+            elif word.isalpha():
+                d, unit = work[i][0], work[i][1]
+                d.words[unit.key] = word
+        todo = again
+        if not todo:
+            break
+
+
+def _drawn_words(work: list[tuple[Draft, Unit, list[int], torch.Tensor, str, list[int]]], refused: list[list[int]],
+                 kinds: TokenKinds, names_only: dict[str, torch.Tensor], tokenizer, reference: Callable, device,
+                 pad: int, batch_size: int) -> list[tuple[str, int | None]]:
+    """One draw per unit (see _draw_words): the word, and its first token (None: nothing could be drawn)."""
+    chosen: list[list[int]] = []
+    for (d, unit, _, logp, gap, taken), extra in zip(work, refused):
+        capital = unit.text[:1].isupper()
+        allowed = ((kinds.new_upper if capital else kinds.new_lower) if gap else
+                   (kinds.bare_upper if capital else kinds.bare_lower)).clone()
+        allowed[tokenizer(gap + unit.text, add_special_tokens=False)["input_ids"][:1] + taken + extra] = False
+        names = names_only[" " if gap else ""]
+        if unit.name and bool((allowed & names).any()):
+            allowed &= names
+        if not bool(allowed.any()):
+            chosen.append([])
+            continue
+        # In log space: a memorised model's probabilities off its path underflow to 0 in float32.
+        top = logp[0].float().masked_fill(~allowed, float("-inf")).topk(min(DRAW_TOP, int(allowed.sum())))
+        weights = torch.isfinite(top.values).float() if unit.name else torch.softmax(top.values, 0)
+        pick = int(torch.multinomial(weights, 1, generator=d.generator))
+        chosen.append([int(top.indices[pick])])
+    done = [not c for c in chosen]
+    for _ in range(MAX_PIECES - 1):
+        going = [i for i in range(len(work)) if not done[i]]
+        if not going:
+            break
+        logps = _forward(reference, [work[i][2] + chosen[i] for i in going], pad, device, batch_size, [1] * len(going))
+        for i, logp in zip(going, logps):
+            best = int(logp[-1].argmax())
+            if bool(kinds.piece[best]):
+                chosen[i].append(best)
+            else:
+                done[i] = True
+    return [(tokenizer.decode(tokens).strip() if tokens else "", tokens[0] if tokens else None) for tokens in chosen]
+
+
+def _seed_of(tag: str) -> int:
+    """A seed of 32 bits that differs wherever the tag does: torch's CPU generator keeps only the low 32 bits of
+    a seed, and the last bytes of two drafts' tags ("...:cf0", "...:cf1") differed only above them, so every draft
+    of a record drew the same words."""
+    return int(hashlib.sha256(tag.encode()).hexdigest()[:8], 16)

@@ -1,0 +1,112 @@
+"""On-policy replay (SPEC section 3): the model's own answers to the forget prompts, refreshed every few steps, read
+by the stop rule (lethe.engine.methods.masc.answers judges them) and trained on beside the records themselves."""
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from typing import Any
+
+from lethe.engine.data.records import TEMPLATE, EncodedRecord
+from lethe.engine.methods.masc.answers import Answer, Answering
+from lethe.engine.model.generation import greedy_agrees
+
+GREEDY = ("prompt", "paraphrase")  # the answers the rule reads
+REPLAYED = ("prompt", "paraphrase", "sample")  # the answers training replays
+
+
+class Replays:
+    """The latest replayed answers of each record, and what the greedy ones said."""
+
+    def __init__(self, answering: Answering, reference: Callable, device: Any, seed: int):
+        self.answering, self.reference, self.device, self.seed = answering, reference, device, seed
+        self.examples: dict[str, list[EncodedRecord]] = {}
+        self.refreshes = 0
+        self.greedy: dict[tuple[str, str], Answer] = {}  # the latest greedy answer of each (record, kind)
+        self.verified, self.generated = 0, 0  # a merged copy's greedy answers: read by one pass, or generated
+        # Where a loop is not held against the erasure (see start).
+        self.base_loops: set[tuple[str, str]] = set()
+
+    def start(self, model: Any, records: list[EncodedRecord]) -> dict[str, tuple[bool, bool]]:
+        """theta_0's own answers to every record (the first replays), and where it loops: on the record's own prompt
+        (a loop the erasure did not make), or on the same question about someone else (a model that never saw the
+        record would loop there too: mini-TOFU's retrain reference loops in a fifth of its answers)."""
+        self.base_loops = self.answering.natural_loops(model, records, GREEDY)
+        answers = self._ask(model, records)
+        self.base_loops |= {(a.record_id, a.kind) for a in answers if a.looped and a.kind in GREEDY}
+        return self._keep(answers, records)
+
+    def refresh(self, model: Any, records: list[EncodedRecord], kinds: tuple[str, ...] = REPLAYED
+                ) -> dict[str, tuple[bool, bool]]:
+        """Ask the model for its answers of these kinds to these records' prompts (by default greedy to the prompt
+        and the paraphrase, one sample), keep them as training examples with fresh targets (a kind not asked keeps
+        its last example), and say per record whether a greedy answer leaked or looped."""
+        return self._keep(self._ask(model, records, kinds), records)
+
+    def _ask(self, model: Any, records: list[EncodedRecord], kinds: tuple[str, ...] = REPLAYED) -> list[Answer]:
+        return self.answering.ask(model, records, kinds, seed=self.seed * 7919 + self.refreshes)
+
+    def _keep(self, answers: list[Answer], records: list[EncodedRecord]) -> dict[str, tuple[bool, bool]]:
+        examples = [self.answering.replay_example(a) for a in answers]
+        self.answering.set_targets(examples, self.reference, self.device, draw=self.refreshes)
+        self.refreshes += 1
+        fresh: dict[str, list[EncodedRecord]] = {}
+        for answer, example in zip(answers, examples):
+            fresh.setdefault(answer.record_id, []).append(example)
+            if answer.kind in GREEDY:
+                self.greedy[(answer.record_id, answer.kind)] = answer
+        for rid, group in fresh.items():
+            asked = {e.id for e in group}
+            group += [e for e in self.examples.get(rid, []) if e.id not in asked]  # kinds not asked this time
+        self.examples.update(fresh)
+        return verdicts(answers, records, self.base_loops)
+
+    def judge(self, model: Any, records: list[EncodedRecord]) -> dict[str, tuple[bool, bool]]:
+        """Per record, whether the model's greedy answers leak or loop (nothing kept: a merged copy's check). Where
+        one teacher-forced pass shows the model would say the answer last asked of the policy again (greedy_agrees),
+        that answer is judged; the records with any other answer are asked in full."""
+        known = [(r, a) for r in records for kind in GREEDY if (a := self.greedy.get((r.id, kind))) is not None]
+        agrees = greedy_agrees(model, self.answering.tokenizer.pad_token_id, [a.prompt for _, a in known],
+                               [a.tokens for _, a in known]) if known else []
+        same: dict[str, list[Answer]] = {}
+        for (record, answer), ok in zip(known, agrees):
+            if ok:
+                same.setdefault(record.id, []).append(answer)
+        unsettled = [r for r in records if len(same.get(r.id, [])) != self.answering.kinds_of(r, GREEDY)]
+        redo = {r.id for r in unsettled}
+        answers = [a for r in records if r.id not in redo for a in same[r.id]]
+        answers += self.answering.ask(model, unsettled, GREEDY) if unsettled else []
+        self.verified += len(records) - len(unsettled)
+        self.generated += len(unsettled)
+        return verdicts(answers, records, self.base_loops)
+
+    def riding(self, chosen: list[EncodedRecord], size: int, rng: random.Random) -> list[EncodedRecord]:
+        """At most `size` answers to ride along with a forget batch: one of each chosen record's own (one that leaks
+        or loops first), then others, those that leak or loop first."""
+        chosen_ids = {r.id for r in chosen}
+        extra = [max(group, key=lambda e: (flagged(e), rng.random())) for r in chosen
+                 if (group := self.examples.get(r.id))][:size]
+        others = [e for rid, group in self.examples.items() if rid not in chosen_ids for e in group]
+        rng.shuffle(others)
+        others.sort(key=flagged, reverse=True)
+        return extra + others[:max(0, size - len(extra))]
+
+    @property
+    def replayed_ids(self) -> list[str]:
+        return sorted(self.examples)
+
+
+def flagged(example: EncodedRecord) -> bool:
+    """Whether an answer gives content back or loops (some token of it is suppressed)."""
+    return any(f != TEMPLATE for f in (example.focus or [])[example.prompt_len:])
+
+
+def verdicts(answers: list[Answer], records: list[EncodedRecord], base_loops: set[tuple[str, str]] | None = None
+             ) -> dict[str, tuple[bool, bool]]:
+    """Per record: (some greedy answer leaked, some greedy answer looped where a loop is held against it)."""
+    out = {r.id: (False, False) for r in records}
+    for a in answers:
+        if a.kind in GREEDY:
+            leaked, looped = out[a.record_id]
+            new_loop = a.looped and (a.record_id, a.kind) not in (base_loops or set())
+            out[a.record_id] = (leaked or a.leaked, looped or new_loop)
+    return out

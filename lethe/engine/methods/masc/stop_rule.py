@@ -1,0 +1,186 @@
+"""MASC's online stop rule (SPEC section 3) with a per-record erasure condition.
+
+The rule stops at the first confirmation where, measured on every record of D_val,
+
+    V = mean_i v_i <= alpha                      (the mean, as in the MASC paper; or its Hoeffding bound)
+    and, for every record i:  v_i <= c_i         (no record more dominant than text it never saw)
+                       and    r_i = 0            (greedy decoding does not give the record back)
+                       and    p_i <= p_max       (no content span of it is sampled whole with probability > p_max)
+                       and    g_i = 0            (nor greedy-decoded whole, given the text before it)
+                       and    l_i = 0            (its own greedy answers, to the prompt and to the paraphrase,
+                                                  give no forget record's content back)
+                       and    o_i = 0            (and do not loop)
+
+Where a record's content is located (suppress "content"), its content conditions replace both its
+ceiling and its share in the mean: such a record keeps its template as dominant as any model would, so
+its v_i stays near the template's share by design, and a mean that counts it hovers at alpha and lets
+a finished run train on to max_steps (issue 11). V is then the mean over the records suppressed whole,
+and vacuous when there are none.
+
+v_i is the share of record i's active tokens with a restricted margin above tau; c_i its ceiling
+(lethe.engine.methods.masc.calibration); r_i = 1 when every active token but the end of sequence is said greedily under
+teacher forcing (the argmax, or within greedy_margin logits of it), which holds whenever greedy decoding
+reproduces the record's words (flipping the end-of-sequence token alone leaves them all said). A mean can pass
+while one record is still reproduced; the per-record terms make that impossible at the stop.
+
+The rule only decides; the caller measures. `check` takes two callables so that scripted measurements
+drive it exactly as the trainer's do.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+FAILING_IDS_SHOWN = 20  # a trace entry names at most this many failing records (and counts them all)
+TOLERANCE = 1e-6  # a float32 share against a target computed in float64 another way (10/17 against 1 - 7/17)
+
+
+@dataclass(frozen=True)
+class RecordCheck:
+    id: str
+    violation: float  # v_i
+    active_tokens: int  # L_i
+    reproduced: bool  # greedy decoding gives back every active token
+    hinge: float = 0.0  # the record's mean buffered hinge: how far its tokens still are from suppressed
+    secret_probability: float = 0.0  # the largest p(secret | the text before it) over its secrets
+    secret_greedy: bool = False  # some secret greedy-decoded whole, given the text before it
+    leaked: bool = False  # the model's own greedy answer gave content back (read at replays and confirmations)
+    looped: bool = False  # the model's own greedy answer loops
+
+
+@dataclass
+class ErasureCondition:
+    """The per-record part of the rule. `ceilings`: c_i by record id (a record without one has none);
+    `secret_max`: the largest probability a secret may keep of being said whole; `secret_ids`: records
+    whose secrets are located, for which the secret conditions replace the ceiling (their template is
+    meant to stay as dominant as in any model, so v_i says little about them)."""
+    ceilings: dict[str, float]
+    secret_max: float = 1.0
+    secret_ids: frozenset[str] = frozenset()
+    secret_priors: dict[str, float] = field(default_factory=dict)  # per record: a limit above secret_max
+
+    def secret_limit(self, rid: str) -> float:
+        """secret_max, or the share of retain answers that say the secret when higher: a model that never
+        saw the record says a common occupation that often."""
+        return max(self.secret_max, self.secret_priors.get(rid, 0.0))
+
+    def holds(self, check: RecordCheck) -> bool:
+        return (not check.reproduced and not check.secret_greedy and not check.leaked and not check.looped
+                and check.secret_probability <= self.secret_limit(check.id)
+                and (check.id in self.secret_ids or check.violation <= self.ceilings.get(check.id, 1.0) + TOLERANCE))
+
+    def failing(self, checks: list[RecordCheck]) -> list[str]:
+        return [c.id for c in checks if not self.holds(c)]
+
+    def judged(self, checks: list[RecordCheck]) -> list[RecordCheck]:
+        """The records whose v_i the mean counts: those without located secrets."""
+        return [c for c in checks if c.id not in self.secret_ids]
+
+
+class RecordStates:
+    """The latest check of every record of D_val, and their mean, kept current in O(1) per update."""
+
+    def __init__(self, checks: list[RecordCheck]):
+        self.by_id = {c.id: c for c in checks}
+        self.total = sum(c.violation for c in checks)
+
+    def update(self, checks: list[RecordCheck]) -> None:
+        for c in checks:
+            self.total += c.violation - self.by_id[c.id].violation
+            self.by_id[c.id] = c
+
+    def mean(self) -> float:
+        return self.total / len(self.by_id)
+
+    def __getitem__(self, rid: str) -> RecordCheck:
+        return self.by_id[rid]
+
+    def all(self) -> list[RecordCheck]:
+        return list(self.by_id.values())
+
+
+def hoeffding_bound(v: float, n: int, delta: float, j: int) -> float:
+    """Upper confidence bound V + sqrt(log(1/delta_j) / 2n), delta_j = 6 delta / (pi^2 j^2)."""
+    return v + hoeffding_slack(n, delta, j)
+
+
+def hoeffding_slack(n: int, delta: float, j: int) -> float:
+    delta_j = 6 * delta / (math.pi ** 2 * j ** 2)
+    return math.sqrt(math.log(1 / delta_j) / (2 * n))
+
+
+def mean_violation(checks: list[RecordCheck]) -> float:
+    return sum(c.violation for c in checks) / len(checks)
+
+
+@dataclass
+class OnlineStopRule:
+    alpha: float
+    check_every: int
+    hoeffding: bool = False
+    delta: float = 0.05
+    condition: ErasureCondition | None = None  # None: the mean alone (holdout mode, as in the paper)
+    trace: list[dict] = field(default_factory=list)
+    confirmations: int = 0
+    last_confirmed: list[RecordCheck] | None = None
+
+    def due(self, step: int) -> bool:
+        return step % self.check_every == 0
+
+    @property
+    def latest_v(self) -> float | None:
+        return self.trace[-1]["v"] if self.trace else None
+
+    def mean_target(self, n: int) -> float:
+        """The V the mean must reach: alpha, less the Hoeffding slack of the next confirmation."""
+        if not self.hoeffding:
+            return self.alpha
+        return self.alpha - hoeffding_slack(n, self.delta, self.confirmations + 1)
+
+    def judged(self, checks: list[RecordCheck]) -> list[RecordCheck]:
+        """The records the mean counts: those the condition judges by v_i (all of them without a condition)."""
+        return self.condition.judged(checks) if self.condition else checks
+
+    def judged_mean(self, checks: list[RecordCheck]) -> float | None:
+        """The V compared with alpha; None when no record counts (every record decided by its secrets)."""
+        judged = self.judged(checks)
+        return mean_violation(judged) if judged else None
+
+    def passes(self, checks: list[RecordCheck]) -> tuple[bool, float, list[str]]:
+        v, judged = mean_violation(checks), self.judged_mean(checks)
+        failing = self.condition.failing(checks) if self.condition else []
+        return (judged is None or judged <= self.alpha + TOLERANCE) and not failing, v, failing
+
+    def check(self, step: int, trigger: Callable[[], list[RecordCheck]],
+              confirm: Callable[[], list[RecordCheck]]) -> bool:
+        """A cheap trigger (a sample, or the latest per-record measurements); when it passes, a
+        confirmation on all of D_val. True: stop here."""
+        sample = trigger()
+        ok, v, failing = self.passes(sample)
+        self.trace.append(_entry(step, "trigger", v, len(failing), failing, ok, n=len(sample)))
+        if not ok:
+            return False
+        checks = confirm()
+        self.confirmations += 1
+        self.last_confirmed = checks
+        v, counted = mean_violation(checks), self.judged(checks)
+        judged = mean_violation(counted) if counted else None
+        failing = self.condition.failing(checks) if self.condition else []
+        statistic = (hoeffding_bound(judged, len(counted), self.delta, self.confirmations)
+                     if self.hoeffding and judged is not None else judged)
+        passed = (statistic is None or statistic <= self.alpha + TOLERANCE) and not failing
+        entry = _entry(step, "confirm", v, len(failing), failing, passed, n=len(checks))
+        if judged != v:
+            entry["v_judged"] = judged  # the mean over the records judged by v_i (see the module's docstring)
+        if self.hoeffding:
+            entry["upper_bound"] = statistic
+        self.trace.append(entry)
+        return passed
+
+
+def _entry(step: int, stage: str, v: float, n_failing: int, failing: list[str], passed: bool, n: int) -> dict:
+    entry = {"step": step, "stage": stage, "v": v, "n": n, "passed": passed, "failing_records": n_failing}
+    if failing:
+        entry["failing_ids"] = failing[:FAILING_IDS_SHOWN]
+    return entry

@@ -1,0 +1,150 @@
+"""MASC's margin (computed in float32 by design), tau, hinge and violation against brute-force loops over positions
+and tokens."""
+import math
+
+import pytest
+import torch
+
+from lethe.engine.data.records import IGNORE
+from lethe.engine.methods.masc import margin as M
+
+
+def brute_margin(z_row, gold, k, beta, allowed=None):
+    """Sort every non-gold token by logit, take k (only `allowed` ones in teacher mode), logsumexp."""
+    others = [(z_row[v], v) for v in range(len(z_row)) if v != gold]
+    others.sort(key=lambda pair: -pair[0])
+    chosen = [value for value, v in others[:k] if allowed is None or v in allowed]
+    return beta * z_row[gold] - math.log(sum(math.exp(beta * value) for value in chosen))
+
+
+def brute_teacher_allowed(z0_row, gold, k, delta):
+    others = sorted(((z0_row[v], v) for v in range(len(z0_row)) if v != gold), key=lambda p: -p[0])[:k]
+    best = others[0][0]
+    return {v for value, v in others if value >= best - delta}
+
+
+def random_case(seed, batch=3, length=7, vocab=11, ties=False):
+    g = torch.Generator().manual_seed(seed)
+    logits = torch.randn(batch, length, vocab, generator=g, dtype=torch.float64)
+    if ties:  # quantise so that many logits tie
+        logits = (logits * 2).round() / 2
+    labels = torch.randint(0, vocab, (batch, length), generator=g)
+    labels[:, :2] = IGNORE  # a prompt
+    labels[0, -2:] = IGNORE  # padding
+    labels[-1, 4] = IGNORE  # a masked position inside
+    return logits, labels
+
+
+def brute_positions(logits, labels):
+    """(row, position, gold) for every active position, in row-major order."""
+    out = []
+    for b in range(labels.shape[0]):
+        for t in range(labels.shape[1] - 1):
+            if labels[b, t + 1] != IGNORE:
+                out.append((b, t, int(labels[b, t + 1])))
+    return out
+
+
+@pytest.mark.parametrize("seed,k,beta,ties", [(0, 3, 1.0, False), (1, 1, 1.0, False), (2, 10, 1.0, False),
+                                              (3, 50, 1.0, False), (4, 4, 2.5, False), (5, 3, 1.0, True),
+                                              (6, 2, 0.5, True)])
+def test_self_margin_matches_brute_force(seed, k, beta, ties):
+    logits, labels = random_case(seed, ties=ties)
+    z, y, rows = M.active_positions(logits, labels)
+    margin = M.restricted_margin(z, y, M.self_alternatives(z, y, k), beta=beta)
+    expected = [brute_margin(logits[b, t].tolist(), gold, min(k, logits.shape[-1] - 1), beta)
+                for b, t, gold in brute_positions(logits, labels)]
+    assert margin.shape[0] == len(expected)
+    assert torch.allclose(margin, torch.tensor(expected, dtype=margin.dtype), atol=1e-5)
+    assert rows.tolist() == [b for b, _, _ in brute_positions(logits, labels)]
+
+
+def test_k_at_least_vocab_minus_one_uses_every_other_token():
+    logits, labels = random_case(7, vocab=5)
+    z, y, _ = M.active_positions(logits, labels)
+    for k in (4, 5, 100):
+        margin = M.restricted_margin(z, y, M.self_alternatives(z, y, k))
+        # Every non-gold token: m = z_y - logsumexp_{v != y} z_v
+        without_gold = z.scatter(1, y[:, None], float("-inf"))
+        expected = z.gather(1, y[:, None]).squeeze(1) - torch.logsumexp(without_gold, -1)
+        assert torch.allclose(margin.double(), expected, atol=1e-5)
+
+
+@pytest.mark.parametrize("seed,k,delta,beta", [(0, 5, 0.5, 1.0), (1, 3, 0.0, 1.0), (2, 10, 2.0, 5.0),
+                                               (3, 2, 0.5, 5.0)])
+def test_teacher_margin_matches_brute_force(seed, k, delta, beta):
+    logits, labels = random_case(seed)
+    ref = logits + torch.randn(logits.shape, generator=torch.Generator().manual_seed(99), dtype=logits.dtype)
+    z, y, _ = M.active_positions(logits, labels)
+    z0, _, _ = M.active_positions(ref, labels)
+    indices, keep = M.teacher_alternatives(z0, y, k, delta)
+    margin = M.restricted_margin(z, y, indices, keep, beta)
+    expected = []
+    for b, t, gold in brute_positions(logits, labels):
+        allowed = brute_teacher_allowed(ref[b, t].tolist(), gold, k, delta)
+        # Scored with the current model's logits, over theta_0's chosen tokens only.
+        expected.append(beta * logits[b, t, gold].item()
+                        - math.log(sum(math.exp(beta * logits[b, t, v].item()) for v in allowed)))
+    assert torch.allclose(margin, torch.tensor(expected, dtype=margin.dtype), atol=1e-5)
+    assert keep[:, 0].all()  # the best non-gold token is always kept
+
+
+def test_tau_hinge_and_violation_against_definitions():
+    for rho in (0.1, 0.5, 0.7, 0.95):
+        t = M.tau(rho)
+        assert math.isclose(1 / (1 + math.exp(-t)), rho)  # sigmoid(tau) = rho
+    margin = torch.tensor([-3.0, -0.2, 0.0, 0.1, 0.5, 2.0])
+    tau_value, eta = 0.0, 0.5
+    hinge = M.buffered_hinge(margin, tau_value, eta)
+    expected = [max(0.0, m - (tau_value - eta)) / eta for m in margin.tolist()]
+    assert torch.allclose(hinge, torch.tensor(expected))
+    # An upper bound of the violation indicator, zero well inside the suppressed region.
+    assert (hinge >= (margin > tau_value).float()).all()
+    assert hinge[0] == 0
+    rows = torch.tensor([0, 0, 0, 1, 1, 2])
+    v = M.sequence_violation(margin, rows, 3, tau_value)
+    assert v.tolist() == [0.0, 1.0, 1.0]
+
+
+def test_violation_rate_is_macro_average_over_sequences():
+    logits, labels = random_case(11)
+    z, y, rows = M.active_positions(logits, labels)
+    margin = M.restricted_margin(z, y, M.self_alternatives(z, y, 3))
+    t = M.tau(0.3)
+    v = M.sequence_violation(margin, rows, logits.shape[0], t)
+    positions = brute_positions(logits, labels)
+    for b in range(logits.shape[0]):
+        own = [m > t for m, (row, _, _) in zip(margin.tolist(), positions) if row == b]
+        assert math.isclose(v[b].item(), sum(own) / len(own), rel_tol=1e-6)
+
+
+def test_gradient_reaches_gold_and_chosen_alternatives_only():
+    logits, labels = random_case(12, batch=1, length=6, vocab=9)
+    logits.requires_grad_(True)
+    z, y, _ = M.active_positions(logits, labels)
+    indices = M.self_alternatives(z, y, 2)
+    M.restricted_margin(z, y, indices).sum().backward()
+    grad = logits.grad[0, :-1]
+    for row, (t, gold) in enumerate([(t, g) for _, t, g in brute_positions(logits, labels)]):
+        touched = set(torch.nonzero(grad[t]).flatten().tolist())
+        assert touched == {gold, *indices[row].tolist()}
+
+
+def test_kept_argmax_hinge_against_a_loop_over_tokens():
+    torch.manual_seed(3)
+    z, z0 = torch.randn(9, 13) * 3, torch.randn(9, 13) * 3
+    y = torch.randint(0, 13, (9,))
+    y[0] = int(z0[0].argmax())  # at least one token theta_0 had as its argmax
+    gap = 1.5
+    expected = []
+    for i in range(9):
+        g = z[i, y[i]].item() - max(z[i, v].item() for v in range(13) if v != y[i])
+        g0 = z0[i, y[i]].item() - max(z0[i, v].item() for v in range(13) if v != y[i])
+        expected.append(max(0.0, min(gap, g0) - g))
+    assert M.kept_argmax_hinge(z, z0, y, gap).item() == pytest.approx(sum(expected) / 9, rel=1e-5)
+    # Unchanged weights keep every gap: nothing to pay; the gradient pulls only tokens that fell behind.
+    assert M.kept_argmax_hinge(z0, z0, y, gap).item() == 0.0
+    z.requires_grad_(True)
+    M.kept_argmax_hinge(z, z0, y, gap).backward()
+    moved = {i for i in range(9) if z.grad[i].abs().sum() > 0}
+    assert moved == {i for i in range(9) if expected[i] > 0}

@@ -1,0 +1,249 @@
+"""The stop rule reads the model's answers and the model as it is saved (issue 24), on a scripted model: a bigram table
+whose greedy path from a prompt is written by hand, so that every teacher-forced condition holds while the answer
+loops, leaks, or the merged copy reproduces the record."""
+import types
+
+import pytest
+import torch
+from transformers import AutoTokenizer
+
+from lethe.engine.data.records import SECRET, TEMPLATE, encode_record
+from lethe.engine.methods.masc.answers import Answering
+from lethe.engine.methods.masc.content import Atom
+from lethe.engine.methods.masc.destination import Content
+from lethe.engine.methods.masc.objective import Masc
+from lethe.engine.methods.masc.params import MascParams
+from lethe.engine.methods.masc.replay import Replays
+from lethe.engine.methods.masc.stop_policy import MascStopPolicy
+from lethe.engine.methods.masc.stop_rule import ErasureCondition, OnlineStopRule, RecordCheck, RecordStates
+
+pytestmark = pytest.mark.slow  # trains a model or runs the service: `make test-fast` leaves it out
+
+RECORD = {"id": "p0-0", "prompt": "Question: Where was Nelvorbax born?\nAnswer: ",
+          "completion": "Nelvorbax was born in Tallinn.", "secrets": ["Tallinn"]}
+
+
+class BigramLM(torch.nn.Module):
+    """Next-token logits that depend on the last token only; `generate` decodes greedily as transformers does."""
+
+    def __init__(self, table: torch.Tensor):
+        super().__init__()
+        self.table = torch.nn.Parameter(table, requires_grad=False)
+
+    def forward(self, input_ids, attention_mask=None, use_cache=False, **_):
+        return types.SimpleNamespace(logits=self.table[input_ids])
+
+    @torch.no_grad()
+    def generate(self, input_ids, attention_mask=None, max_new_tokens=20, eos_token_id=None, do_sample=False, **_):
+        ids = input_ids
+        for _ in range(max_new_tokens):
+            ids = torch.cat([ids, self.table[ids[:, -1]].argmax(-1, keepdim=True)], dim=1)
+        return ids
+
+
+@pytest.fixture(scope="module")
+def tokenizer(fixture_model):
+    return AutoTokenizer.from_pretrained(fixture_model)
+
+
+def scripted(tokenizer, record, answer: list[int]) -> BigramLM:
+    """A model under which no token of the record is the argmax given the one before it (every teacher-forced
+    condition holds), and whose greedy answer to the prompt is `answer`."""
+    vocab = len(tokenizer)
+    table = torch.zeros(vocab, vocab)
+    ids = record.input_ids
+    elsewhere = tokenizer(" amber", add_special_tokens=False)["input_ids"][0]
+    for a in ids[:-1]:
+        table[a, elsewhere] = 10.0  # after every token of the record, something else leads
+    path = [ids[record.prompt_len - 1], *answer, tokenizer.eos_token_id]
+    written = set()
+    for a, b in zip(path, path[1:]):
+        if a not in written:  # a token's first successor on the path is its successor: a path can close a loop
+            written.add(a)
+            table[a] = 0
+            table[a, b] = 10.0
+    table[tokenizer.eos_token_id, tokenizer.eos_token_id] = 10.0
+    return BigramLM(table)
+
+
+def tokens(tokenizer, words: list[str]) -> list[int]:
+    return [t for w in words for t in tokenizer(w, add_special_tokens=False)["input_ids"]]
+
+
+def rule_over(tokenizer, record, model: BigramLM, served: BigramLM | None = None) -> MascStopPolicy:
+    """The rule's own confirm and with_answers, around a scripted policy (no training happens)."""
+    said = record.source["completion"]
+    start = said.index("Tallinn")
+    content = Content([Atom(start, start + 7, "Tallinn")], ["Tallinn"], {}, [], named=True)
+    record.focus = [TEMPLATE] * len(record.input_ids)
+    for k in range(record.prompt_len, len(record.input_ids)):
+        if "Tallinn" in tokenizer.decode([record.input_ids[k]]):
+            record.focus[k] = SECRET
+    trainable = types.SimpleNamespace(model=model, sharded=False, logits=lambda b: model(b.input_ids).logits,
+                                   reference_logits=lambda b: model(b.input_ids).logits,
+                                   merged_copy=lambda dtype: served or model)
+    masc = Masc(MascParams(), trainable, tokenizer.pad_token_id)
+    masc.eos_id = tokenizer.eos_token_id
+    rule = MascStopPolicy.__new__(MascStopPolicy)
+    rule.params, rule.objective, rule.trainable = masc.params, masc, trainable
+    rule.train_mode, rule.by_record, rule.confirm_set = True, {record.id: record}, [record]
+    rule.replays = Replays(Answering([record], {record.id: content}, tokenizer, 64), trainable.reference_logits,
+                           torch.device("cpu"), 0)
+    rule.replays.base_loops = set()  # theta_0's own answers (start() asks them first) did not loop
+    rule.erasure = ErasureCondition({record.id: 1.0}, 0.01, frozenset({record.id}))
+    rule.rule = OnlineStopRule(0.5, 1, condition=rule.erasure)
+    rule.run = types.SimpleNamespace(saved_dtype=torch.float32)
+    rule.served, rule.served_checks = None, []
+    rule.latest = RecordStates([RecordCheck(record.id, 0.0, 5, False)])
+    return rule
+
+
+@pytest.mark.parametrize("answer, stops, flag", [
+    ([" teal", " amber", " teal", " amber", " teal", " amber", " teal"], False, "looped"),  # a loop
+    ([" teal", " Tallinn", "."], False, "leaked"),  # the content, after a detour
+    ([" teal", " city", "."], True, None),  # fluent and wrong
+])
+def test_a_model_whose_answer_loops_or_leaks_keeps_training(tokenizer, answer, stops, flag):
+    record = encode_record(RECORD, tokenizer, max_length=64, seed=0)
+    model = scripted(tokenizer, record, tokens(tokenizer, answer))
+    rule = rule_over(tokenizer, record, model)
+    taught = rule.measure([record])[0]
+    assert rule.erasure.holds(taught)  # teacher forcing finds nothing: only the answer can tell
+    assert rule.rule.check(0, rule.latest.all, rule.confirm) is stops
+    last = rule.rule.last_confirmed[0]
+    assert (last.looped, last.leaked) == (flag == "looped", flag == "leaked")
+    assert rule.latest[record.id] == last  # the record stays open for training
+
+
+def test_a_loop_theta_0_already_had_is_not_held_against_the_erasure(tokenizer):
+    record = encode_record(RECORD, tokenizer, max_length=64, seed=0)
+    model = scripted(tokenizer, record, tokens(tokenizer, [" teal", " amber", " teal", " amber", " teal"]))
+    rule = rule_over(tokenizer, record, model)
+    rule.replays.base_loops = {(record.id, "prompt")}
+    assert rule.rule.check(0, rule.latest.all, rule.confirm) is True
+    assert not rule.rule.last_confirmed[0].looped
+
+
+def test_a_record_that_passes_before_the_merge_and_fails_after_it_keeps_training(tokenizer):
+    record = encode_record(RECORD, tokenizer, max_length=64, seed=0)
+    model = scripted(tokenizer, record, tokens(tokenizer, [" teal", " city", "."]))
+    vocab = model.table.shape[0]
+    reproducing = torch.zeros(vocab, vocab)  # the merged copy says the record word for word
+    for a, b in zip(record.input_ids, record.input_ids[1:]):
+        reproducing[a, b] = 10.0
+    rule = rule_over(tokenizer, record, model, served=BigramLM(reproducing))
+    assert rule.rule.check(0, rule.latest.all, rule.confirm) is False
+    assert rule.served is None and rule.served_checks[-1]["passed"] is False
+    assert rule.served_checks[-1]["failing_ids"] == [record.id] and rule.latest[record.id].reproduced
+    clean = rule_over(tokenizer, record, model, served=model)
+    assert clean.rule.check(0, clean.latest.all, clean.confirm) is True and clean.served is model
+
+
+def test_an_end_of_sequence_flip_alone_does_not_satisfy_the_rule(tokenizer):
+    record = encode_record(RECORD, tokenizer, max_length=64, seed=0)
+    vocab = len(tokenizer)
+    table = torch.zeros(vocab, vocab)
+    for a, b in zip(record.input_ids, record.input_ids[1:]):
+        table[a, b] = 10.0
+    table[record.input_ids[-2], tokenizer(" and", add_special_tokens=False)["input_ids"][0]] = 20.0  # not EOS
+    model = BigramLM(table)
+    rule = rule_over(tokenizer, record, model)
+    check = rule.measure([record])[0]
+    assert check.reproduced and not rule.erasure.holds(check)  # every word still said: not erased
+    rule.objective.eos_id = None  # counting the end of sequence, as before issue 24, it would have passed
+    assert not rule.measure([record])[0].reproduced
+
+
+def test_greedy_margin_keeps_a_near_tie_reproduced():
+    logits = torch.tensor([[2.0, 1.5, 0.0], [0.0, 3.0, 2.9]])
+    targets = torch.tensor([1, 2])
+    rows = torch.tensor([0, 0])
+    from lethe.engine.methods.masc.margin import sequence_reproduced
+
+    assert not sequence_reproduced(logits, targets, rows, 1)  # neither target is the argmax
+    assert sequence_reproduced(logits, targets, rows, 1, margin=1.0)  # both within a logit: rounding could flip
+    assert not sequence_reproduced(logits, targets, rows, 1, margin=0.4)
+    # A flat distribution (an untrained model): every token within the margin, none likely; nothing is reproduced.
+    flat = torch.zeros(2, 300)
+    flat[:, 0] = 0.01
+    assert not sequence_reproduced(flat, torch.tensor([1, 2]), rows, 1, margin=1.0)
+    assert sequence_reproduced(flat, torch.tensor([0, 0]), rows, 1, margin=1.0)  # the argmax itself always counts
+
+
+def test_an_answer_is_held_to_every_records_content_but_its_own_template(tokenizer):
+    """A span of another forget record counts as a leak in this record's answer unless this record says it too
+    without it being this record's content ("French" of "the French literature genre")."""
+    genre = encode_record({"id": "g", "prompt": "Question: Which genre does Ann write?\nAnswer: ",
+                           "completion": "Ann writes in the French genre."}, tokenizer, max_length=64, seed=0)
+    prize = encode_record({"id": "p", "prompt": "Question: Which prize did Ann win?\nAnswer: ",
+                           "completion": "Ann won the French prize in Riga."}, tokenizer, max_length=64, seed=0)
+    said = prize.source["completion"]
+
+    def span(text):
+        return Atom(said.index(text), said.index(text) + len(text), text)
+
+    contents = {"g": Content([], [], {}, [], named=False),
+                "p": Content([span("French"), span("Riga")], ["French", "Riga"], {}, [], named=False)}
+    answering = Answering([genre, prize], contents, tokenizer, 64)
+    assert answering.spans_for(genre, genre.source["prompt"]) == ["Riga"]  # "French": this record says it too
+    assert answering.spans_for(prize, prize.source["prompt"]) == ["French", "Riga"]  # its own, always
+    assert answering.spans_for(prize, "Question: Which prize did Ann win in Riga?") == ["French"]  # given
+
+
+def test_a_loop_on_the_same_question_about_someone_else_is_natural(tokenizer):
+    """Asked about someone it never saw (the counterfactual prompt), a model that loops shows that a loop there is
+    not the erasure's doing; one that answers fluently shows nothing."""
+    from lethe.engine.methods.masc.content import substitution
+
+    record = encode_record(RECORD, tokenizer, max_length=64, seed=0)
+    content = Content([], [], {}, [], named=False,
+                      substitutions=[substitution(RECORD, {"nelvorbax": "kalomi"}, {})])
+    answering = Answering([record], {record.id: content}, tokenizer, 64)
+    assert tokenizer.decode(answering.counterfactual_prompt(record, "prompt", 0)) == \
+        "Question: Where was Kalomi born?\nAnswer: "
+    looping = scripted(tokenizer, record, tokens(tokenizer, [" teal", " amber", " teal", " amber", " teal"]))
+    fluent = scripted(tokenizer, record, tokens(tokenizer, [" teal", " city", "."]))
+    assert answering.natural_loops(looping, [record], ("prompt", "paraphrase")) == {(record.id, "prompt")}
+    assert answering.natural_loops(fluent, [record], ("prompt", "paraphrase")) == set()
+
+
+def test_a_teacher_forced_pass_says_whether_greedy_decoding_gives_an_answer_back(fixture_model, people):
+    """greedy_agrees against generation itself: where it says yes, the model generates exactly that answer; it says
+    yes to the model's own answers and no to an answer with one token changed."""
+    from transformers import AutoModelForCausalLM
+
+    from lethe.engine.model.generation import continuations, greedy_agrees
+
+    tokenizer = AutoTokenizer.from_pretrained(fixture_model)
+    model = AutoModelForCausalLM.from_pretrained(fixture_model).eval()
+    records = [encode_record(r, tokenizer, max_length=64, seed=0) for p in people for r in p]
+    prompts = [r.input_ids[:r.prompt_len] for r in records]
+    own = continuations(model, tokenizer, prompts, max_new_tokens=24)
+    assert all(greedy_agrees(model, tokenizer.pad_token_id, prompts, own))
+    changed = [[(a[0] + 1) % len(tokenizer)] + a[1:] for a in own]
+    assert not any(greedy_agrees(model, tokenizer.pad_token_id, prompts, changed))
+    nudged = AutoModelForCausalLM.from_pretrained(fixture_model).eval()  # another model: some answers move
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for p in nudged.parameters():
+            p.add_(torch.randn_like(p) * 0.02)
+    theirs = continuations(nudged, tokenizer, prompts, max_new_tokens=24)
+    agrees = greedy_agrees(nudged, tokenizer.pad_token_id, prompts, own)
+    assert any(agrees) and not all(agrees)  # the nudge moved some answers and not others
+    assert all(t == o for t, o, ok in zip(theirs, own, agrees) if ok)
+    assert agrees == [t == o for t, o in zip(theirs, own)]
+
+
+def test_the_merged_copy_is_asked_again_only_where_its_answer_may_differ(tokenizer):
+    record = encode_record(RECORD, tokenizer, max_length=64, seed=0)
+    model = scripted(tokenizer, record, tokens(tokenizer, [" teal", " city", "."]))
+    same = rule_over(tokenizer, record, model, served=scripted(tokenizer, record, tokens(tokenizer, [" teal", " city",
+                                                                                                     "."])))
+    assert same.rule.check(0, same.latest.all, same.confirm) is True
+    assert same.served_checks[-1]["answers_verified"] == 1 and same.served_checks[-1]["answers_generated"] == 0
+    # Teacher forcing holds on the copy too, but its own answer says the secret: generated, read, and held against it.
+    leaking = scripted(tokenizer, record, tokens(tokenizer, [" teal", " Tallinn", "."]))
+    other = rule_over(tokenizer, record, model, served=leaking)
+    assert other.rule.check(0, other.latest.all, other.confirm) is False
+    assert other.served_checks[-1]["answers_generated"] == 1 and other.served_checks[-1]["answers_verified"] == 0
+    assert other.served_checks[-1]["failing_ids"] == [record.id] and other.latest[record.id].leaked
