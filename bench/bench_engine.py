@@ -20,7 +20,8 @@ from pathlib import Path
 import torch
 
 from bench.mini_tofu import ROOT, fixture, splits
-from lethe.engine.data.records import collate, concat_batches, encode_records, normalise_records
+from lethe.engine.contract.record_checks import normalise_records
+from lethe.engine.data.records import collate, concat_batches, encode_records
 from lethe.engine.methods.masc import margin as M
 from lethe.engine.methods.masc.content import said_template
 from lethe.engine.methods.masc.destination import plan_contents, record_targets
@@ -44,7 +45,7 @@ def prepared(model_dir: Path, lora: bool, batch_size: int, preset: str | None = 
     def encode(what):
         return encode_records(normalise_records(data[what], what), tokenizer, max_length=512, seed=0, what=what)
 
-    params = MascParams.from_dict({"lora": lora, "batch_size": batch_size}, preset=preset)
+    params = MascParams.from_dict({"lora": lora, "batch_size": batch_size}, preset=preset).resolved()
     trainable = TrainableModel(model, lora=lora, targets=params.lora_targets)
     masc = Masc(params, trainable, tokenizer.pad_token_id)
     optimiser = torch.optim.AdamW(trainable.trainable_parameters(), lr=params.lr)

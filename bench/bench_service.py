@@ -32,11 +32,6 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
 class Stack:
     """A fresh database, this run's own Redis queue, uvicorn and one worker, torn down at the end."""
 

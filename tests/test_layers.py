@@ -173,3 +173,43 @@ def test_the_client_installs_and_runs_without_torch(tmp_path):
     help_text = subprocess.run([str(venv / "bin" / "lethe"), "--help"], capture_output=True, text=True, check=True,
                                cwd=tmp_path).stdout
     assert "erase" in help_text and "models" in help_text, help_text
+
+
+def defined_names(path: Path) -> tuple[set[str], set[str]]:
+    """A module's own top-level names (defs, classes, assignments) and the names it merely imports."""
+    own, imported = set(), set()
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            own.add(node.name)
+        elif isinstance(node, ast.Assign):
+            own |= {n.id for t in node.targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            own.add(node.target.id)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            imported |= {(a.asname or a.name).split(".")[0] for a in node.names}
+    return own, imported
+
+
+def test_no_name_is_imported_through_a_re_export():
+    """`from lethe.x import name` takes the name from the module that defines it (or names a submodule): no module
+    passes on another's names."""
+    modules = {".".join(p.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__"): p
+               for p in ROOT.glob("lethe/**/*.py")}
+    through = []
+    for path in [*ROOT.glob("lethe/**/*.py"), *ROOT.glob("tests/**/*.py"), *ROOT.glob("bench/*.py")]:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not (isinstance(node, ast.ImportFrom) and node.module in modules and node.level == 0):
+                continue
+            own, imported = defined_names(modules[node.module])
+            for alias in node.names:
+                if f"{node.module}.{alias.name}" in modules or alias.name in own:
+                    continue
+                if alias.name in imported:
+                    through.append(f"{path.relative_to(ROOT)}: {alias.name} from {node.module}")
+    assert through == []
+
+
+def test_the_re_export_finder_finds_one(tmp_path):
+    shim = tmp_path / "shim.py"
+    shim.write_text("from a import b  # noqa: F401\nc = 1\ndef d(): pass\n")
+    assert defined_names(shim) == ({"c", "d"}, {"b"})

@@ -110,7 +110,7 @@ def commit_out(staging: Path, out: Path) -> None:
 
 
 def cmd_fixture(args) -> int:
-    from lethe.engine.data.records import read_records
+    from lethe.engine.contract.record_checks import read_records
     from lethe.engine.model.fixture import FixtureConfig, build_fixture
 
     records = read_records(args.records)
@@ -130,7 +130,7 @@ def cmd_fixture(args) -> int:
 def cmd_unlearn(args) -> int:
     from tqdm import tqdm
 
-    from lethe.engine.data.records import read_records
+    from lethe.engine.contract.record_checks import read_records
     from lethe.engine.model.loading import save_model
     from lethe.engine.training.result import RuleEvidence
     from lethe.engine.unlearn import run_unlearning
@@ -172,7 +172,7 @@ def cmd_unlearn(args) -> int:
 
 def cmd_connectivity(args) -> int:
     from lethe.engine.connectivity.run import run_connectivity
-    from lethe.engine.data.records import read_records
+    from lethe.engine.contract.record_checks import read_records
     from lethe.engine.model.loading import save_model
 
     values = {f.name: getattr(args, "mcu_" + f.name) for f in user_fields(ConnectivityParams)

@@ -41,14 +41,12 @@ def run_unlearning(model_source: str, forget: list[dict], retain: list[dict] | N
                    memory_limit: int | None = None) -> UnlearnOutcome:
     """`format`: "plain" (prompt + completion as one string) or "chat" (the tokenizer's chat template).
     `memory_limit`: bytes the run may plan to use (None: what the device holds); over it, DoesNotFit at once."""
-    if params is None:
-        params = get_method("masc").parse()
+    params = (params or get_method("masc").parse()).resolved()  # every "auto" the parameters decide, once
     method = get_method(params.method)
     objective_class = method.objective_class()
     run = prepare(model_source, forget, retain, params, device, holdout=holdout, format=format,
                   memory_limit=memory_limit, objective=objective_class)
     stop = stop_policy(method, run, params)
-    params = stop.params  # with its "auto" values resolved
     trainable = build_trainable_model(run.model, params, objective_class, run.precision)
     objective = objective_class(params, trainable, run.tokenizer.pad_token_id)
     stop.start(objective)

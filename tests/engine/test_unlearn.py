@@ -6,7 +6,8 @@ import sys
 import pytest
 import torch
 
-from lethe.engine.data.records import collate, encode_records, normalise_records
+from lethe.engine.contract.record_checks import normalise_records
+from lethe.engine.data.records import collate, encode_records
 from lethe.engine.methods.masc.objective import Masc
 from lethe.engine.methods.masc.params import AS_PUBLISHED, MascParams
 from lethe.engine.model.fixture import FixtureConfig, build_fixture
@@ -77,7 +78,7 @@ def test_auto_alpha_is_theta0_violation_on_the_records_counterfactuals(fixture_m
     assert sum(by_source.values()) == len(forget_records)
     base, tokenizer = load_model(fixture_model, torch.device("cpu"))
     trainable = TrainableModel(base, lora=True)  # adapters start at zero: exactly theta_0
-    masc = Masc(MascParams(), trainable, tokenizer.pad_token_id)
+    masc = Masc(MascParams().resolved(), trainable, tokenizer.pad_token_id)
     expected = {}
     for record in forget_records:
         variants = [{"id": f"{record['id']}-{j}", "prompt": record["prompt"], "completion": c}
@@ -139,7 +140,7 @@ def test_final_violation_rate_is_the_full_statistic_also_at_max_steps(fixture_mo
     assert r["stop_reason"] == "max_steps" and r["steps"] == 7
     # Measured again here on the merged model: every record, not the last trigger's estimate.
     trainable = TrainableModel(outcome.model, lora=False)
-    checks = Masc(MascParams(), trainable, outcome.tokenizer.pad_token_id).check_records(
+    checks = Masc(MascParams().resolved(), trainable, outcome.tokenizer.pad_token_id).check_records(
         encoded(outcome.tokenizer, forget_records, "forget"), 16)
     assert r["final_violation_rate"] == pytest.approx(sum(c.violation for c in checks) / len(checks), abs=1e-6)
     assert [p["violation"] for p in r["per_record"]] == pytest.approx([c.violation for c in checks], abs=1e-6)

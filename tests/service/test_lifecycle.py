@@ -11,7 +11,8 @@ import pytest  # noqa: I001
 import torch
 from transformers import AutoModelForCausalLM
 
-from lethe.engine.data.records import encode_records, normalise_records
+from lethe.engine.contract.record_checks import normalise_records
+from lethe.engine.data.records import encode_records
 from lethe.engine.model.architectures import Size, tiny_config
 from lethe.engine.model.fixture import train_tokenizer
 from lethe.engine.model.generation import exact_match

@@ -93,7 +93,7 @@ def test_jobs_queued_before_0005_get_their_specification_from_what_they_stored(t
     assert queued.params is not None and queued.params.rho == 0.7 and queued.params.k == 3
     assert queued.connectivity is not None and queued.connectivity.points == 3
     assert queued.connectivity.k == 3  # the job's margin, not 4
-    assert running.method == "npo" and running.params is not None and running.params.lr == 1e-5
+    assert running.method == "npo" and running.params is not None and running.params.resolved().lr == 1e-5
 
 
 def insert_model(connection) -> None:

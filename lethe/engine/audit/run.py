@@ -20,9 +20,9 @@ from lethe.engine.audit.quantize import quantized_copy
 from lethe.engine.audit.relearn import relearning_probe
 from lethe.engine.audit.verdict import per_record_at, union
 from lethe.engine.contract.chat_format import render
+from lethe.engine.contract.record_checks import normalise_records
 from lethe.engine.data.counterfactual import shared_template
 from lethe.engine.data.documents import split_documents
-from lethe.engine.data.records import normalise_records
 from lethe.engine.model.loading import context_length, load_model
 
 # secret_samples: seeded samples per forget prompt for the extraction audit; the two maxima relax the verdict

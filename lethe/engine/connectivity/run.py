@@ -16,8 +16,9 @@ from lethe.engine.connectivity.params import ConnectivityParams
 from lethe.engine.connectivity.paths import ControlPoint, Path, differing_names, load_weights, parameters_of
 from lethe.engine.contract.chat_format import render
 from lethe.engine.contract.errors import EngineInputError
+from lethe.engine.contract.record_checks import normalise_records
 from lethe.engine.data.documents import split_documents
-from lethe.engine.data.records import encode_records, normalise_records
+from lethe.engine.data.records import encode_records
 from lethe.engine.model.loading import context_length, load_model, lora_modules, resolve_device
 from lethe.engine.training.runtime import PeakMemory, library_versions, seed_everything
 

@@ -162,6 +162,14 @@ class SharedParams:
         """The restricted margin (k, rho, eta, beta) that measures V for a run with these parameters."""
         raise NotImplementedError
 
+    def resolved(self) -> SharedParams:
+        """The parameters a run uses, every "auto" that the method's own fields decide taken in this one step
+        (run_unlearning calls it once; the objective and the stop policy receive what it returns). What depends on
+        the model or the device is decided where it is measured and reported there in the result: lora_targets by
+        the architecture (model.lora_targets), dtype by the device (model.precision), MASC's alpha and record
+        ceilings on theta_0 (methods.masc.calibration)."""
+        return self
+
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)
 
@@ -212,13 +220,8 @@ def trusted(cls: type[P], stored: dict) -> P:
 
 def _number(value: float | str, name: str) -> float:
     if isinstance(value, str):
-        raise ValueError(f"{name} is still {value!r}: resolve the parameters first (MascParams.resolved)")
+        raise ValueError(f"{name} is still {value!r}: resolve the parameters first (params.resolved())")
     return value
-
-
-def auto_or(value: float | str, rule: Callable[[float], bool]) -> bool:
-    """A parameter that is "auto" or a number obeying `rule`."""
-    return value == "auto" or (not isinstance(value, str) and rule(value))
 
 
 def json_type(f: dataclasses.Field) -> tuple[str, bool]:

@@ -13,7 +13,6 @@ import torch
 
 from lethe.engine.contract.chat_format import RENDERED
 from lethe.engine.contract.errors import EngineInputError
-from lethe.engine.contract.record_checks import normalise_records, read_records  # noqa: F401  (re-exported)
 from lethe.engine.data.documents import TOKENS
 
 IGNORE = -100

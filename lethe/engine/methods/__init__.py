@@ -4,20 +4,36 @@ objective and its stop policy. The objective is a torch module named by its path
 starts, so that the API, which checks requests against this registry, stays torch-free. Everything that lists
 methods (the API's enum and schema, the CLI's flags, the benchmarks) reads METHODS.
 
-An objective class: `__init__(params, trainable, pad_id)`, `loss(forget_batch, retain_batch) -> (total, parts)`,
-and optionally `trainable_modules(model, params) -> list[str]` (the modules it trains, where not LoRA's usual
-targets; see rmu.RMU)."""
+An objective is what `Objective` describes (and optionally `trainable_modules(model, params) -> list[str]`: the
+modules it trains, where not LoRA's usual targets; see rmu.RMU)."""
 from __future__ import annotations
 
 import importlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from lethe.engine.contract.errors import EngineInputError
 from lethe.engine.contract.parameters import SharedParams, json_schema, parse_params, trusted
 from lethe.engine.methods.baseline_params import BaselineParams
 from lethe.engine.methods.masc.params import PRESETS, MascParams
+
+if TYPE_CHECKING:  # the registry stays torch-free at run time (the API imports it)
+    import torch
+
+    from lethe.engine.data.records import Batch
+    from lethe.engine.model.loading import TrainableModel
+
+
+class Objective(Protocol):
+    """What a method's objective is: built once per run on the trainable model and the resolved parameters, it
+    gives the loss of one (forget, retain) micro-batch and its parts as plain numbers for the trace."""
+    trainable: TrainableModel
+
+    def __init__(self, params: Any, trainable: TrainableModel, pad_id: int) -> None: ...
+
+    def loss(self, forget: Batch | None, retain: Batch | None) -> tuple[torch.Tensor, dict[str, float]]: ...
+
 
 # "online-rule": train until MASC's stop rule fires (lethe.engine.methods.masc.stop_policy); "fixed-budget": the field's
 # epochs and schedule (lethe.engine.training.budget).
@@ -44,10 +60,11 @@ class Method:
         """Parameters that `parse` checked and `as_dict` stored, trusted as they are."""
         return trusted(self.params, values)
 
-    def objective_class(self) -> type:
+    def objective_class(self) -> type[Objective]:
         """The objective's class, imported now (torch)."""
         module, name = self.objective.split(":")
-        return getattr(importlib.import_module(module), name)
+        objective: type[Objective] = getattr(importlib.import_module(module), name)
+        return objective
 
     def schema(self) -> dict:
         """The JSON schema of the method's parameters, with its defaults, as the API's OpenAPI document shows it."""

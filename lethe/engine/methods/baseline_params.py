@@ -2,6 +2,7 @@
 defaults come with its registration (lethe.engine.methods)."""
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from lethe.engine.contract.parameters import SharedParams, param
@@ -31,10 +32,9 @@ class BaselineParams(SharedParams):
         """The yardstick every baseline's V is measured with: MASC's default margin."""
         return MascParams().margin()
 
-    def validate(self) -> None:
-        if self.lr == 0:  # the field's default depends on the parameter space
-            self.lr = 1e-4 if self.lora else 1e-5
-        super().validate()
+    def resolved(self) -> BaselineParams:
+        """lr 0: the field's default for the parameter space, 1e-4 with LoRA, 1e-5 in full."""
+        return dataclasses.replace(self, lr=self.lr or (1e-4 if self.lora else 1e-5))
 
     def check(self) -> None:
         super().check()

@@ -16,7 +16,8 @@ from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_toke
 from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 
 from lethe.engine.contract.errors import EngineInputError
-from lethe.engine.data.records import batches, collate, encode_records, normalise_records
+from lethe.engine.contract.record_checks import normalise_records
+from lethe.engine.data.records import batches, collate, encode_records
 from lethe.engine.methods.masc.margin import active_positions, token_nll
 from lethe.engine.model.architectures import Size, tiny_config
 from lethe.engine.model.loading import load_model

@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from lethe.engine.data.records import Batch, EncodedRecord, collate
+from lethe.engine.methods import Objective
 from lethe.engine.methods.baseline_params import BaselineParams
 from lethe.engine.methods.masc.bound import exact_reproduction_bound
 from lethe.engine.methods.masc.objective import Masc
@@ -46,7 +47,7 @@ class FixedBudget:
         self.stream = self._forget_batches()
         self.micro_done = 0
 
-    def start(self, objective: Any) -> None:
+    def start(self, objective: Objective) -> None:
         """Keep the objective: its policy measures the yardstick V at the end."""
         self.objective = objective
 
@@ -90,7 +91,7 @@ class FixedBudget:
         if stop_reason == "cancelled":
             return Measured(None, None, None, {"mode": "none (fixed budget)"}, counts, [],
                             BudgetEvidence(self.max_steps, None))
-        yardstick = MascParams()  # the common margin: k 10, rho 0.5, beta 1
+        yardstick = MascParams().resolved()  # the common margin: k 10, rho 0.5, beta 1
         checks = Masc(yardstick, self.objective.trainable, run.tokenizer.pad_token_id).check_records(
             run.forget, self.params.eval_batch_size)
         per_record = [{"id": c.id, "violation": c.violation, "active_tokens": c.active_tokens,

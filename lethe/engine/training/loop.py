@@ -12,11 +12,12 @@ from typing import Any, Protocol
 import torch
 
 from lethe.engine.data.records import Batch
+from lethe.engine.methods import Objective
 from lethe.engine.model.precision import Precision
 
 
 class StopPolicy(Protocol):
-    """What the loop asks of a stop policy (training.rule.OnlineRule, training.budget.FixedBudget)."""
+    """What the loop asks of a stop policy (methods.masc.stop_policy.MascStopPolicy, training.budget.FixedBudget)."""
     @property
     def max_steps(self) -> int:
         """What progress reports as the run's length (the budget, or the safety cap)."""
@@ -59,15 +60,15 @@ class Trained:
     loop_seconds: float
 
 
-def train(objective: Any, stop: StopPolicy, parameters: list[torch.nn.Parameter], *, lr: float, weight_decay: float,
-          grad_clip: float, precision: Precision, started: float, should_cancel: Callable[[], bool] | None = None,
-          progress: Callable[[dict], None] | None = None) -> Trained:
+def train(objective: Objective, stop: StopPolicy, parameters: list[torch.nn.Parameter], *, lr: float,
+          weight_decay: float, grad_clip: float, precision: Precision, started: float,
+          should_cancel: Callable[[], bool] | None = None, progress: Callable[[dict], None] | None = None) -> Trained:
     """Train `parameters` with AdamW on the objective's loss over the stop policy's batches until it stops or
     `should_cancel` says so; forward passes in the run's precision (autocast in full mode, a scaled loss in
     float16)."""
     optimiser = torch.optim.AdamW(parameters, lr=lr, weight_decay=weight_decay)
     scaler = precision.scaler()
-    model = getattr(getattr(objective, "trainable", None), "model", None)
+    model = objective.trainable.model
     schedule = stop.schedule(optimiser)
     loop_started = time.perf_counter()
     step, loss_trace = 0, []

@@ -9,9 +9,11 @@ from typing import Any
 import torch
 
 from lethe.engine.contract.chat_format import check_format, render
+from lethe.engine.contract.memory_plan import MemoryPlan
 from lethe.engine.contract.parameters import SharedParams
+from lethe.engine.contract.record_checks import normalise_records
 from lethe.engine.data.documents import split_documents
-from lethe.engine.data.records import EncodedRecord, encode_records, normalise_records
+from lethe.engine.data.records import EncodedRecord, encode_records
 from lethe.engine.model import sharding
 from lethe.engine.model.loading import (
     TrainableModel,
@@ -21,7 +23,7 @@ from lethe.engine.model.loading import (
     load_weights,
     resolve_device,
 )
-from lethe.engine.model.memory_check import DoesNotFit, MemoryPlan, device_capacity, plan_run
+from lethe.engine.model.memory_check import DoesNotFit, device_capacity, plan_run
 from lethe.engine.model.precision import Precision, resolve_precision, stored_dtype
 from lethe.engine.training.runtime import PeakMemory, seed_everything
 

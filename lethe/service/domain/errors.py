@@ -32,6 +32,3 @@ def invalid(detail: str, field: str | None = None) -> Problem:
     extra: dict[str, Any] = {"errors": [{"field": field, "message": detail}]} if field else {}
     return Problem(422, "invalid-request", "Invalid request", detail, **extra)
 
-
-def conflict(kind: str, title: str, detail: str) -> Problem:
-    return Problem(409, kind, title, detail)

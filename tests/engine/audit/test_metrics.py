@@ -14,7 +14,8 @@ from lethe.engine.audit.metrics.privacy import attack_scores, muse_auc, privleak
 from lethe.engine.audit.metrics.stats import ks_p_value
 from lethe.engine.audit.metrics.text import rouge_l_recall
 from lethe.engine.audit.metrics.truth_ratio import forget_score, retain_score, truth_ratio
-from lethe.engine.data.records import encode_records, normalise_records
+from lethe.engine.contract.record_checks import normalise_records
+from lethe.engine.data.records import encode_records
 from lethe.engine.model.loading import load_model
 
 

@@ -70,7 +70,8 @@ def suppressed_in_bfloat16(fixture_model, forget_records):
     """The fixture model with its forget records merely suppressed (gradient ascent until no record is reproduced),
     saved as a bfloat16 checkpoint would be."""
     from lethe.engine.audit.metrics.text import generation_metrics
-    from lethe.engine.data.records import collate, encode_records, normalise_records
+    from lethe.engine.contract.record_checks import normalise_records
+    from lethe.engine.data.records import collate, encode_records
     from lethe.engine.methods.masc.margin import active_positions, token_nll
 
     model, tokenizer = load_model(fixture_model, torch.device("cpu"))

@@ -13,7 +13,8 @@ from lethe.engine.connectivity.params import ConnectivityParams
 from lethe.engine.connectivity.paths import ControlPoint, Path, bezier_coefficients, differing_names, parameters_of
 from lethe.engine.connectivity.run import run_connectivity
 from lethe.engine.contract.errors import EngineInputError
-from lethe.engine.data.records import collate, encode_records, normalise_records
+from lethe.engine.contract.record_checks import normalise_records
+from lethe.engine.data.records import collate, encode_records
 from lethe.engine.methods.masc.params import MascParams
 from lethe.engine.model.loading import load_model, save_model
 from lethe.engine.unlearn import run_unlearning

@@ -6,7 +6,8 @@ from transformers import AutoTokenizer
 
 from lethe.engine.contract.chat_format import RENDERED, checkpoint_has_chat_template, render
 from lethe.engine.contract.errors import EngineInputError
-from lethe.engine.data.records import IGNORE, encode_record, normalise_records
+from lethe.engine.contract.record_checks import normalise_records
+from lethe.engine.data.records import IGNORE, encode_record
 from lethe.engine.methods import params_for
 from lethe.engine.model.loading import load_model
 from lethe.engine.unlearn import run_unlearning

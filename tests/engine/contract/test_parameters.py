@@ -146,7 +146,9 @@ def test_a_job_specification_is_resolved_once_and_stored_whole():
     assert {n: stored["connectivity"][n] for n in MARGIN_FIELDS} == {"k": 3, "rho": 0.7, "eta": 0.25, "beta": 1.0}
     assert JobSpec.from_stored(stored) == spec
     baseline = JobSpec.unlearning("npo", {"lora": False}).stored()["params"]
-    assert baseline["lr"] == 1e-5 and baseline["beta"] == 0.1 and baseline["method"] == "npo"
+    # lr 0 is stored as asked; the run resolves it (1e-5 in full), once, with every other "auto".
+    assert baseline["lr"] == 0 and baseline["beta"] == 0.1 and baseline["method"] == "npo"
+    assert JobSpec.from_stored(JobSpec.unlearning("npo", {"lora": False}).stored()).params.resolved().lr == 1e-5
     assert JobSpec.unlearning("graddiff", {}, None, {}).connectivity.rho == 0.5  # the baselines' yardstick
 
 

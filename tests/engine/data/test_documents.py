@@ -4,8 +4,9 @@ import pytest
 from transformers import AutoTokenizer
 
 from lethe.engine.contract.errors import EngineInputError
+from lethe.engine.contract.record_checks import normalise_records
 from lethe.engine.data.documents import DOCUMENT, TOKENS, document_summary, split_documents
-from lethe.engine.data.records import IGNORE, encode_record, normalise_records
+from lethe.engine.data.records import IGNORE, encode_record
 from lethe.engine.methods import params_for
 from lethe.engine.unlearn import run_unlearning
 

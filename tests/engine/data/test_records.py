@@ -4,14 +4,8 @@ import pytest
 import torch
 
 from lethe.engine.contract.errors import EngineInputError
-from lethe.engine.data.records import (
-    IGNORE,
-    SPLIT_MIN_SIDE,
-    collate,
-    encode_record,
-    normalise_records,
-    read_records,
-)
+from lethe.engine.contract.record_checks import normalise_records, read_records
+from lethe.engine.data.records import IGNORE, SPLIT_MIN_SIDE, collate, encode_record
 from lethe.engine.methods.masc.params import PRESETS, MascParams
 from lethe.engine.model.loading import load_model
 
@@ -154,9 +148,11 @@ def test_presets_carry_the_published_defaults_and_explicit_values_win():
     # "whole-record" is the paper's suppression of every token with our per-record rule.
     assert (defaults.suppress, defaults.lambda_retain, defaults.lambda_keep, defaults.greedy_margin) == \
         ("content", "auto", "auto", 1.0)
-    assert (defaults.resolved().lambda_retain, defaults.keep_weight) == (3.0, 3.0)
+    assert (defaults.resolved().lambda_retain, defaults.resolved().lambda_keep) == (3.0, 3.0)
+    with pytest.raises(ValueError, match="lambda_keep is still 'auto'"):  # only resolved parameters train
+        _ = defaults.keep_weight
     whole = MascParams.from_dict({}, preset="whole-record")
-    assert (whole.suppress, whole.resolved().lambda_retain, whole.keep_weight, whole.greedy_margin) == \
+    assert (whole.suppress, whole.resolved().lambda_retain, whole.resolved().keep_weight, whole.greedy_margin) == \
         ("whole", 1.0, 0.0, 0.0)
     # Explicit values win over "auto".
     assert MascParams.from_dict({"lambda_retain": 2}).resolved().lambda_retain == 2.0
@@ -164,7 +160,8 @@ def test_presets_carry_the_published_defaults_and_explicit_values_win():
     # The published presets suppress whole records, and "auto" keeps no gaps with a cross-entropy retain term.
     assert all(MascParams.from_dict({}, preset=p).suppress == "whole"
                for p in ("qwen2.5-scaling", "tofu-llama2", "muse-news"))
-    assert MascParams.from_dict({"retain_loss": "nll"}).keep_weight == 0.0
+    assert MascParams.from_dict({"retain_loss": "nll"}).resolved().keep_weight == 0.0
+    assert MascParams.from_dict({"lambda_keep": 0.5}).resolved().keep_weight == 0.5
     with pytest.raises(EngineInputError, match="lambda_keep"):  # no term that silently does nothing
         MascParams.from_dict({"lambda_keep": 1.0, "retain_loss": "nll"})
     assert MascParams.from_dict({"seed": 2 ** 31 - 1}).seed == 2 ** 31 - 1  # a common seed stays allowed

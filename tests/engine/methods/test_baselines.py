@@ -5,7 +5,8 @@ import torch
 
 from lethe.engine.audit.metrics.forward import token_stats
 from lethe.engine.contract.errors import EngineInputError
-from lethe.engine.data.records import encode_records, normalise_records
+from lethe.engine.contract.record_checks import normalise_records
+from lethe.engine.data.records import encode_records
 from lethe.engine.methods import params_for
 from lethe.engine.model.loading import load_model
 from lethe.engine.unlearn import run_unlearning
@@ -90,6 +91,8 @@ def test_bad_baseline_parameters(method, values, preset, message):
 def test_method_defaults_follow_the_spec():
     assert params_for("npo").beta == 0.1 and params_for("simnpo").beta == 4.5
     assert params_for("simnpo").forget_weight == 0.125 and params_for("rmu").retain_weight == 100.0
-    assert params_for("graddiff").lr == 1e-4 and params_for("graddiff", {"lora": False}).lr == 1e-5
+    assert params_for("graddiff").resolved().lr == 1e-4
+    assert params_for("graddiff", {"lora": False}).resolved().lr == 1e-5
+    assert params_for("graddiff", {"lr": 3e-4}).resolved().lr == 3e-4 and params_for("graddiff").lr == 0
     p = params_for("ga")
     assert (p.epochs, p.weight_decay, p.effective_batch, p.warmup_epochs) == (10.0, 0.01, 32, 1.0)

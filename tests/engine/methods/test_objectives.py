@@ -90,7 +90,7 @@ def test_destination_margin_raises_each_token_by_its_target_probability():
 
     torch.manual_seed(0)
     vocab, beta = 7, 2.0
-    masc = Masc(MascParams(beta=beta), trainable=None, pad_id=0)  # type: ignore[arg-type]
+    masc = Masc(MascParams(beta=beta).resolved(), trainable=None, pad_id=0)  # type: ignore[arg-type]
     labels = torch.tensor([[IGNORE, 3, 5]])
     ids = torch.zeros(1, 3, 4, dtype=torch.long)
     probs = torch.zeros(1, 3, 4)

@@ -2,8 +2,6 @@
 "per_record": {id: value}}, plus "reason" when the value is None."""
 from __future__ import annotations
 
-import math
-
 
 def metric(per_record: dict, value: float | None = None) -> dict:
     """The aggregate defaults to the mean of the per-record values."""
@@ -29,7 +27,3 @@ def harmonic_mean(values: list[float]) -> float:
         return 0.0
     return len(values) / sum(1 / v for v in values)
 
-
-def geometric_mean_log(logs: list[float]) -> float:
-    """exp(mean(log x)) from the logs."""
-    return math.exp(sum(logs) / len(logs))

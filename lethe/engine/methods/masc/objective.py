@@ -36,7 +36,7 @@ from lethe.engine.model.loading import TrainableModel, autocast
 class Masc:
 
     def __init__(self, params: MascParams, trainable: TrainableModel, pad_id: int):
-        self.params = params.resolved()
+        self.params = params  # resolved (SharedParams.resolved): weights are numbers
         self.trainable = trainable
         self.pad_id = pad_id
         self.eos_id: int | None = None  # set by the stop policy: the end of sequence never counts in r_i

@@ -127,10 +127,8 @@ class MascParams(SharedParams):
 
     @property
     def keep_weight(self) -> float:
-        """lambda_keep resolved: "auto" is 3 with content suppression and the KL retain term, else 0."""
-        if self.lambda_keep == "auto":
-            return 3.0 if self.content and self.retain_loss == "kl" else 0.0
-        return float(self.lambda_keep)
+        """lambda_keep once resolved (see resolved)."""
+        return _number(self.lambda_keep, "lambda_keep")
 
     @property
     def retain_weight(self) -> float:
@@ -138,9 +136,12 @@ class MascParams(SharedParams):
         return _number(self.lambda_retain, "lambda_retain")
 
     def resolved(self) -> MascParams:
-        """The parameters a run uses, lambda_retain's "auto" decided (lambda_keep stays: keep_weight reads it)."""
-        return dataclasses.replace(self, lambda_retain=(3.0 if self.content else 1.0) if self.lambda_retain == "auto"
-                                   else self.lambda_retain)
+        """lambda_retain "auto": 3 with content suppression, else 1; lambda_keep "auto": 3 with content suppression
+        and the KL retain term, else 0. alpha and record_ceiling stay: calibration measures them on theta_0."""
+        keep = (3.0 if self.content and self.retain_loss == "kl" else 0.0) if self.lambda_keep == "auto" \
+            else self.lambda_keep
+        retain = (3.0 if self.content else 1.0) if self.lambda_retain == "auto" else self.lambda_retain
+        return dataclasses.replace(self, lambda_retain=retain, lambda_keep=keep)
 
 
 # The published method suppresses every token of a record: no destination, no replay, no margin on the greedy check.

@@ -19,6 +19,7 @@ import torch
 from lethe.engine.audit.extraction import secret_priors
 from lethe.engine.contract.errors import EngineInputError
 from lethe.engine.data.records import Batch, EncodedRecord, collate, encode_record
+from lethe.engine.methods import Objective
 from lethe.engine.methods.masc.answers import Answering
 from lethe.engine.methods.masc.bound import exact_reproduction_bound
 from lethe.engine.methods.masc.calibration import calibrate
@@ -77,7 +78,7 @@ class MascStopPolicy:
         forget = run.forget
         self.forget_sources, self.retain_sources = [r.source for r in forget], [r.source for r in run.retain]
         self.template = said_template(self.forget_sources, self.retain_sources)
-        self.params = params.resolved()
+        self.params = params  # resolved once by run_unlearning
         self.train_set, self.val_set, self.val_info = split_validation(forget, self.params)
         self.train_mode = self.val_info["mode"] == "train"
         self.max_steps = self.params.max_steps
@@ -90,9 +91,11 @@ class MascStopPolicy:
         self.stop_check_seconds, self.repair_steps, self.calibration_seconds = 0.0, 0, 0.0
         self.chosen: list[EncodedRecord] = []
 
-    def start(self, objective: Masc) -> None:
+    def start(self, objective: Objective) -> None:
         """theta_0 (no step taken yet): each record's content and destinations, the rule's targets, and every
         record's starting state."""
+        if not isinstance(objective, Masc):  # the rule reads MASC's own measurements
+            raise TypeError(f"MASC's stop policy needs MASC's objective, not {type(objective).__name__}")
         run, params, forget = self.run, self.params, self.run.forget
         self.objective, self.trainable = objective, objective.trainable
         objective.eos_id = run.tokenizer.eos_token_id

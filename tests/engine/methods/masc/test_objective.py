@@ -2,7 +2,8 @@
 import torch
 import torch.nn.functional as F
 
-from lethe.engine.data.records import IGNORE, collate, encode_records, normalise_records
+from lethe.engine.contract.record_checks import normalise_records
+from lethe.engine.data.records import IGNORE, collate, encode_records
 from lethe.engine.methods.masc import margin as M
 from lethe.engine.model.loading import TrainableModel, load_model
 

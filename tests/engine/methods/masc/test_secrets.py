@@ -160,7 +160,7 @@ def test_content_masc_loss_by_loop():
         target_ids[0, t] = torch.randperm(8, generator=g)[:3]
         target_probs[0, t] = torch.softmax(torch.randn(3, generator=g), -1)
     params = MascParams.from_dict({"k": 3, "lambda_target": 0.7})
-    masc = Masc(params, FixedTrainable(z, z0), pad_id=0)
+    masc = Masc(params.resolved(), FixedTrainable(z, z0), pad_id=0)
     batch = Batch(torch.zeros(1, 7, dtype=torch.long), torch.ones(1, 7), labels, focus, target_ids, target_probs)
     total, parts = masc.loss(batch, None)
 
@@ -200,9 +200,9 @@ def test_the_retain_term_keeps_argmax_gaps_by_loop():
     labels = torch.tensor([[IGNORE, 2, 7, 1, 4]])
     batch = Batch(torch.zeros(1, 5, dtype=torch.long), torch.ones(1, 5), labels)
     plain_params = MascParams.from_dict({"lambda_keep": 0})
-    plain = Masc(plain_params, FixedTrainable(z, z0), pad_id=0).loss(None, batch)[1]["retain"]
+    plain = Masc(plain_params.resolved(), FixedTrainable(z, z0), pad_id=0).loss(None, batch)[1]["retain"]
     params = MascParams.from_dict({"lambda_keep": 0.7, "keep_gap": 1.0})
-    kept = Masc(params, FixedTrainable(z, z0), pad_id=0).loss(None, batch)[1]["retain"]
+    kept = Masc(params.resolved(), FixedTrainable(z, z0), pad_id=0).loss(None, batch)[1]["retain"]
     hinges = []
     for t in range(1, 5):
         y = int(labels[0, t])

@@ -82,7 +82,7 @@ def rule_over(tokenizer, record, model: BigramLM, served: BigramLM | None = None
     trainable = types.SimpleNamespace(model=model, sharded=False, logits=lambda b: model(b.input_ids).logits,
                                    reference_logits=lambda b: model(b.input_ids).logits,
                                    merged_copy=lambda dtype: served or model)
-    masc = Masc(MascParams(), trainable, tokenizer.pad_token_id)
+    masc = Masc(MascParams().resolved(), trainable, tokenizer.pad_token_id)
     masc.eos_id = tokenizer.eos_token_id
     rule = MascStopPolicy.__new__(MascStopPolicy)
     rule.params, rule.objective, rule.trainable = masc.params, masc, trainable
