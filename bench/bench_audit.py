@@ -12,6 +12,7 @@ import torch
 
 from bench.mini_tofu import ROOT, fixture, splits, tofu_records
 from lethe.engine.audit.run import run_audit
+from lethe.engine.data.inputs import RunInputs
 from lethe.engine.methods.masc.params import MascParams
 from lethe.engine.training.runtime import library_versions
 from lethe.engine.unlearn import run_unlearning
@@ -28,7 +29,8 @@ def main() -> None:
     outcome = run_unlearning(str(model_dir), data["forget"], data["retain"],
                              params=MascParams.from_dict({"max_steps": 1000}, preset=PRESET), device="cpu")
     started = time.perf_counter()
-    report = run_audit(str(model_dir), outcome.model, outcome.tokenizer, data["forget"], data["retain"], holdout)
+    report = run_audit(str(model_dir), outcome.model, outcome.tokenizer,
+                       RunInputs.of(data["forget"], data["retain"], holdout))
     audit_seconds = time.perf_counter() - started
     unlearn_seconds = outcome.result.as_dict()["wall_seconds"]
     summary = {

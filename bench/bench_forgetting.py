@@ -219,7 +219,11 @@ def main() -> None:
     print(text)
     flags = " ".join(a for a in sys.argv[1:])
     command = f"`python -m bench.bench_forgetting {flags}`" if flags else "`make bench-forgetting`"
-    update_benchmarks(name, f"## A deletion with no parameters: {command}\n\n"
+    data = {"forgetting": "Customer records and mini-TOFU", "forgetting-tofu": "mini-TOFU"}.get(name,
+                                                                                           "Customer records")
+    if name.startswith("forgetting-customers-"):
+        data += ", pretrained SmolLM2-135M" if "smollm2" in name else ", small models"
+    update_benchmarks(name, f"### {data}: {command}\n\n"
                             f"Measured on {platform.machine()} ({torch.get_num_threads()} threads), CPU. "
                             f"Raw figures (and a few answers of each run): `bench/results/{name}.json`. Leak "
                             f"columns: share of forget records whose secret comes out (sampled: share of {SAMPLES} "

@@ -21,6 +21,7 @@ import torch
 from bench.mini_tofu import ROOT, fixture, splits, tofu_records, update_benchmarks
 from lethe.engine.connectivity.params import ConnectivityParams
 from lethe.engine.connectivity.run import run_connectivity
+from lethe.engine.data.inputs import RunInputs
 from lethe.engine.methods import params_for
 from lethe.engine.model.loading import save_model
 from lethe.engine.training.runtime import library_versions
@@ -46,7 +47,7 @@ def unlearn(source: Path, forget: list[dict], retain: list[dict], out: Path) -> 
 
 
 def curve(a: Path, b: Path, forget, retain, **values) -> dict:
-    r = run_connectivity(str(a), str(b), forget, retain, ConnectivityParams.from_dict(values)).result
+    r = run_connectivity(str(a), str(b), RunInputs.of(forget, retain), ConnectivityParams.from_dict(values)).result
     s = r.get("suppress_first", {})
     return {"seconds": round(r["timing"]["wall_seconds"], 1),
             "timing": {k: round(v, 1) for k, v in r["timing"].items()},

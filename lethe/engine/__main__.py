@@ -173,6 +173,7 @@ def cmd_unlearn(args) -> int:
 def cmd_connectivity(args) -> int:
     from lethe.engine.connectivity.run import run_connectivity
     from lethe.engine.contract.record_checks import read_records
+    from lethe.engine.data.inputs import RunInputs
     from lethe.engine.model.loading import save_model
 
     values = {f.name: getattr(args, "mcu_" + f.name) for f in user_fields(ConnectivityParams)
@@ -184,7 +185,8 @@ def cmd_connectivity(args) -> int:
     forget = read_records(args.forget) if args.forget else None
     retain = read_records(args.retain) if args.retain else None
     try:
-        outcome = run_connectivity(args.a, args.b, forget, retain, params, device=args.device, format=args.format)
+        inputs = RunInputs.of(forget, retain, format=args.format, forget_required=False)
+        outcome = run_connectivity(args.a, args.b, inputs, params, device=args.device)
         Path(args.out).write_text(json.dumps(outcome.result, indent=2))
         if args.ensemble_out:
             save_model(outcome.ensemble, outcome.tokenizer, staging)

@@ -1,7 +1,8 @@
-"""One unlearning run, any method: prepare the records and the model, let the method's stop policy resolve
-its parameters and measure theta_0, train in the one loop until the policy stops, measure, merge, report.
+"""One unlearning run, any method: resolve the parameters, prepare the model and the records, let the method's stop
+policy measure theta_0, train in the one loop until the policy stops, measure, merge, report.
 
     outcome = run_unlearning("path/or/hub-id", forget, retain, params=params_for("masc"))
+    outcome = unlearn("path/or/hub-id", RunInputs.of(forget, retain), params=params_for("masc"))
 
 `params` come checked (params_for, MascParams.from_dict, or a stored job specification): they are not checked
 again here."""
@@ -9,10 +10,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import Any
 
 from lethe.engine.contract.errors import EngineInputError
 from lethe.engine.contract.parameters import SharedParams
 from lethe.engine.data.documents import document_summary
+from lethe.engine.data.inputs import RunInputs
 from lethe.engine.methods import Method, get_method
 from lethe.engine.methods.baseline_params import BaselineParams
 from lethe.engine.methods.masc.params import MascParams
@@ -35,17 +38,21 @@ def stop_policy(method: Method, run: Prepared, params: SharedParams) -> MascStop
 
 
 def run_unlearning(model_source: str, forget: list[dict], retain: list[dict] | None = None, *,
-                   params: SharedParams | None = None, holdout: list[dict] | None = None, device: str | None = None,
-                   progress: Callable[[dict], None] | None = None,
-                   should_cancel: Callable[[], bool] | None = None, format: str = "plain",
-                   memory_limit: int | None = None) -> UnlearnOutcome:
-    """`format`: "plain" (prompt + completion as one string) or "chat" (the tokenizer's chat template).
+                   holdout: list[dict] | None = None, format: str = "plain", **options: Any) -> UnlearnOutcome:
+    """From JSON records (the CLI, tests, benchmarks): checked and normalised once, then `unlearn`. `format`:
+    "plain" (prompt + completion as one string) or "chat" (the tokenizer's chat template)."""
+    return unlearn(model_source, RunInputs.of(forget, retain, holdout, format), **options)
+
+
+def unlearn(model_source: str, inputs: RunInputs, *, params: SharedParams | None = None, device: str | None = None,
+            progress: Callable[[dict], None] | None = None, should_cancel: Callable[[], bool] | None = None,
+            memory_limit: int | None = None) -> UnlearnOutcome:
+    """The run on records already checked (`RunInputs`, which the audit and connectivity read too).
     `memory_limit`: bytes the run may plan to use (None: what the device holds); over it, DoesNotFit at once."""
     params = (params or get_method("masc").parse()).resolved()  # every "auto" the parameters decide, once
     method = get_method(params.method)
     objective_class = method.objective_class()
-    run = prepare(model_source, forget, retain, params, device, holdout=holdout, format=format,
-                  memory_limit=memory_limit, objective=objective_class)
+    run = prepare(model_source, inputs, params, device, memory_limit=memory_limit, objective=objective_class)
     stop = stop_policy(method, run, params)
     trainable = build_trainable_model(run.model, params, objective_class, run.precision)
     objective = objective_class(params, trainable, run.tokenizer.pad_token_id)
@@ -75,7 +82,7 @@ def run_unlearning(model_source: str, forget: list[dict], retain: list[dict] | N
         truncated=[{"id": r.id, "dropped_prompt_tokens": r.truncated_tokens}
                    for r in run.forget + run.retain if r.truncated_tokens],
         timing=timing, peak_memory={**run.memory.read(), "estimate_bytes": run.memory_plan.peak_bytes,
-                                    "estimate": run.memory_plan.parts}, format=format,
+                                    "estimate": run.memory_plan.parts}, format=inputs.format,
         precision={**run.precision.describe(), "gradient_checkpointing": params.gradient_checkpointing,
                    "checkpoint_dtype": str(run.saved_dtype).removeprefix("torch.")},
         documents=document_summary([r.source for r in run.forget], measured.per_record))

@@ -39,10 +39,9 @@ def measure_curves(work: Work, new_dir: str, store: ArtifactStore, tmp: Path, ke
     for i, (number, location) in enumerate(work.curves_from.items()):
         params = dataclasses.replace(work.spec.connectivity, ensemble=work.spec.connectivity.ensemble and i == 0)
         try:
-            outcome = run_connectivity(fetch(store, location, tmp, f"v{number}"), new_dir, work.forget, work.retain,
-                                       params, device=device, suppress=number == work.parent,
-                                       progress=_progress(keeper), should_cancel=keeper.should_stop,
-                                       format=work.spec.format)
+            outcome = run_connectivity(fetch(store, location, tmp, f"v{number}"), new_dir, work.inputs, params,
+                                       device=device, suppress=number == work.parent,
+                                       progress=_progress(keeper), should_cancel=keeper.should_stop)
         except InterruptedError:
             return curves  # cancelled or lease lost; the finish decides what that means
         except Exception as exc:
@@ -137,9 +136,8 @@ def execute_connectivity(work: Work, keeper: LeaseKeeper, settings: Settings, st
     [(a, a_location)], (b, b_location) = work.curves_from.items(), work.curve_to
     try:
         outcome = run_connectivity(fetch(store, a_location, tmp, "a"), fetch(store, b_location, tmp, "b"),
-                                   work.forget or None, work.retain, work.spec.connectivity, device=settings.device,
-                                   progress=_progress(keeper), should_cancel=keeper.should_stop,
-                                   format=work.spec.format)
+                                   work.inputs, work.spec.connectivity, device=settings.device,
+                                   progress=_progress(keeper), should_cancel=keeper.should_stop)
     except InterruptedError:
         outcome = None
     if keeper.lost.is_set():

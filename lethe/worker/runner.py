@@ -133,7 +133,7 @@ def _unlearn(work: Work, source: str, settings: Settings, progress, keeper: Leas
 
     from lethe.engine.model.loading import load_model, resolve_device
     from lethe.engine.sharded_run import run_sharded
-    from lethe.engine.unlearn import run_unlearning
+    from lethe.engine.unlearn import unlearn
 
     params = work.spec.params
     assert params is not None
@@ -146,9 +146,8 @@ def _unlearn(work: Work, source: str, settings: Settings, progress, keeper: Leas
             return result, None, None
         model, tokenizer = load_model(tmp / "sharded" / "model", resolve_device(settings.device))
         return result, model, tokenizer
-    outcome = run_unlearning(source, work.forget, work.retain, holdout=work.holdout, params=params,
-                             device=settings.device, progress=progress, should_cancel=keeper.should_stop,
-                             format=work.spec.format, memory_limit=settings.device_memory_bytes or None)
+    outcome = unlearn(source, work.inputs, params=params, device=settings.device, progress=progress,
+                      should_cancel=keeper.should_stop, memory_limit=settings.device_memory_bytes or None)
     return outcome.result.as_dict(), outcome.model, outcome.tokenizer
 
 
@@ -194,10 +193,10 @@ def _audit(work: Work, model, tokenizer, source: str, store: ArtifactStore, tmp:
         reference = None
         if work.reference:
             reference = store.local_path(work.reference) or store.fetch_directory(work.reference, tmp / "reference")
-        return run_audit(source, model, tokenizer, work.forget, work.retain, work.holdout,
-                         options=work.audit_options, reference_source=str(reference) if reference else None,
-                         seed=work.spec.params.seed if work.spec.params else 0, format=work.spec.format,
-                         max_length=work.spec.params.max_length if work.spec.params else 0)
+        params = work.spec.params
+        return run_audit(source, model, tokenizer, work.inputs, options=work.audit_options,
+                         reference_source=str(reference) if reference else None,
+                         seed=params.seed if params else 0, max_length=params.max_length if params else 0)
     except Exception as exc:
         log.exception("audit failed")
         return {"error": f"{type(exc).__name__}: {exc}"[:2000]}

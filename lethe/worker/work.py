@@ -7,10 +7,12 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from functools import cached_property
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from lethe.engine.data.inputs import RunInputs
 from lethe.engine.job_spec import JobSpec
 from lethe.service.domain.errors import Problem, invalid
 from lethe.service.domain.jobs import StateChanged, end_job, heartbeat, log_state, owned_job, spec_from_request
@@ -97,6 +99,12 @@ class Work:
     card: dict = field(default_factory=dict)  # the model card's lineage
     curves_from: dict[int, str] = field(default_factory=dict)  # each curve's start version -> its location
     curve_to: tuple[int, str] | None = None  # a connectivity job's end version and its location
+
+    @cached_property
+    def inputs(self) -> RunInputs:
+        """The records as the run, the audit and the curves read them: normalised once, for all three."""
+        return RunInputs.of(self.forget, self.retain, self.holdout, self.spec.format,
+                            forget_required=self.kind != "connectivity")
 
     def folder(self, name: str) -> str:
         """This attempt's own folder in the store: a worker that lost its lease but still runs cannot overwrite

@@ -19,10 +19,9 @@ from lethe.engine.audit.metrics.text import generation_metrics
 from lethe.engine.audit.quantize import quantized_copy
 from lethe.engine.audit.relearn import relearning_probe
 from lethe.engine.audit.verdict import per_record_at, union
-from lethe.engine.contract.chat_format import render
-from lethe.engine.contract.record_checks import normalise_records
+from lethe.engine.contract.errors import EngineInputError
 from lethe.engine.data.counterfactual import shared_template
-from lethe.engine.data.documents import split_documents
+from lethe.engine.data.inputs import RunInputs
 from lethe.engine.model.loading import context_length, load_model
 
 # secret_samples: seeded samples per forget prompt for the extraction audit; the two maxima relax the verdict
@@ -61,22 +60,17 @@ def _perplexity_under(model, evaluation: dict, pad_id: int) -> None:
             model, answers["prompts"], answers["tokens"], pad_id)
 
 
-def run_audit(base_source: str, new_model, tokenizer, forget: list[dict], retain: list[dict] | None,
-              holdout: list[dict] | None, *, options: dict | None = None, reference_source: str | None = None,
-              seed: int = 0, device=None, format: str = "plain", max_length: int = 0) -> dict:
-    """`format` "chat": the records rendered with the tokenizer's chat template, as the unlearning saw them;
-    `max_length`: the unlearning's (0: the model's context), so that long documents make the same windows."""
+def run_audit(base_source: str, new_model, tokenizer, inputs: RunInputs, *, options: dict | None = None,
+              reference_source: str | None = None, seed: int = 0, device=None, max_length: int = 0) -> dict:
+    """The request's records as the unlearning read them (`inputs`: its format too); `max_length`: the unlearning's
+    (0: the model's context), so that long documents make the same windows."""
     options = {**DEFAULT_OPTIONS, **(options or {})}
     started = time.perf_counter()
     context = context_length(new_model, tokenizer, max_length)
 
-    def seen(records: list[dict] | None, what: str, tok=tokenizer, length: int = context) -> list[dict]:
-        """The records as a model sees them through `tok`: rendered in chat format, long documents as windows."""
-        checked = normalise_records(records or [], what, allow_empty=what != "forget")
-        return split_documents(render(checked, tok, format, what), tok, length, what)
-
-    raw_forget, raw_holdout = forget, holdout  # a retrain reference reads them through its own tokenizer
-    forget, retain, holdout = seen(forget, "forget"), seen(retain, "retain"), seen(holdout, "holdout")
+    if not inputs.forget:
+        raise EngineInputError("forget: no records to audit", field="forget")
+    forget, retain, holdout = inputs.seen(tokenizer, context)
     device = device or next(new_model.parameters()).device
     sets = _sets(tokenizer, new_model, forget, retain, holdout, seed, context)
     template = shared_template(forget, retain)
@@ -137,10 +131,8 @@ def run_audit(base_source: str, new_model, tokenizer, forget: list[dict], retain
         # The reference is measured through its own tokenizer (a retrain may not share the model's).
         ref_model, ref_tokenizer = load_model(reference_source, device)
         ref_context = context_length(ref_model, ref_tokenizer, max_length)
-        ref_forget, _, ref_holdout = _sets(ref_tokenizer, ref_model, seen(raw_forget, "forget", ref_tokenizer,
-                                                                          ref_context), [],
-                                           seen(raw_holdout, "holdout", ref_tokenizer, ref_context), seed,
-                                           ref_context)
+        seen_forget, _, seen_holdout = inputs.seen(ref_tokenizer, ref_context)
+        ref_forget, _, ref_holdout = _sets(ref_tokenizer, ref_model, seen_forget, [], seen_holdout, seed, ref_context)
         # With the request's secrets and samples: the floor of each verdict channel (lethe.engine.audit.verdict) is
         # what a model that never saw the records says there.
         reference = evaluate(ref_model, ref_tokenizer, ref_forget, None, ref_holdout, **extraction)

@@ -14,10 +14,8 @@ from lethe.engine.connectivity.curve import evaluate_path
 from lethe.engine.connectivity.fit import fit_control_point
 from lethe.engine.connectivity.params import ConnectivityParams
 from lethe.engine.connectivity.paths import ControlPoint, Path, differing_names, load_weights, parameters_of
-from lethe.engine.contract.chat_format import render
 from lethe.engine.contract.errors import EngineInputError
-from lethe.engine.contract.record_checks import normalise_records
-from lethe.engine.data.documents import split_documents
+from lethe.engine.data.inputs import RunInputs
 from lethe.engine.data.records import encode_records
 from lethe.engine.model.loading import context_length, load_model, lora_modules, resolve_device
 from lethe.engine.training.runtime import PeakMemory, library_versions, seed_everything
@@ -30,15 +28,13 @@ class ConnectivityOutcome:
     tokenizer: object
 
 
-def run_connectivity(start_source: str, end_source: str, forget: list[dict] | None, retain: list[dict] | None,
-                     params: ConnectivityParams | None = None, *, device: str | None = None, suppress: bool = True,
-                     control_init: str | None = None, progress=None, should_cancel=None,
-                     format: str = "plain") -> ConnectivityOutcome:
-    """`suppress`: also measure knowledge memorisation along the linear path (the suppress-first analysis).
+def run_connectivity(start_source: str, end_source: str, inputs: RunInputs, params: ConnectivityParams | None = None,
+                     *, device: str | None = None, suppress: bool = True, control_init: str | None = None,
+                     progress=None, should_cancel=None) -> ConnectivityOutcome:
+    """`inputs`: the request's records (forget may be empty: retain alone is measured) and their format.
+    `suppress`: also measure knowledge memorisation along the linear path (the suppress-first analysis).
     `control_init`: a version whose weights start theta_c instead of the midpoint."""
     params = params or ConnectivityParams()  # checked where it was built (from_dict, a job's specification)
-    forget = normalise_records(forget, "forget") if forget else []
-    retain = normalise_records(retain or [], "retain", allow_empty=True)
     seed_everything(params.seed)
     dev = resolve_device(device)
     memory, started = PeakMemory(dev), time.perf_counter()
@@ -46,7 +42,6 @@ def run_connectivity(start_source: str, end_source: str, forget: list[dict] | No
     end_model, end_tokenizer = load_model(end_source, dev)
     if end_tokenizer.get_vocab() != tokenizer.get_vocab():
         raise EngineInputError("the two versions have different tokenizers; a path needs one vocabulary", field="b")
-    forget, retain = render(forget, tokenizer, format, "forget"), render(retain, tokenizer, format, "retain")
     start_weights, end_weights = parameters_of(model), parameters_of(end_model)
     try:
         names = differing_names(start_weights, end_weights)
@@ -62,8 +57,7 @@ def run_connectivity(start_source: str, end_source: str, forget: list[dict] | No
         del init_model
 
     max_length = context_length(model, tokenizer, params.max_length)
-    forget = split_documents(forget, tokenizer, max_length, "forget")
-    retain = split_documents(retain, tokenizer, max_length, "retain")
+    forget, retain, _ = inputs.seen(tokenizer, max_length)
     forget_set = EvaluationSet(forget, tokenizer, max_length, params.seed, "forget") if forget else None
     sample = random.Random(params.seed).sample(retain, min(params.max_retain, len(retain))) if retain else []
     retain_enc = encode_records(sample, tokenizer, max_length=max_length, seed=params.seed, what="retain")

@@ -8,11 +8,9 @@ from typing import Any
 
 import torch
 
-from lethe.engine.contract.chat_format import check_format, render
 from lethe.engine.contract.memory_plan import MemoryPlan
 from lethe.engine.contract.parameters import SharedParams
-from lethe.engine.contract.record_checks import normalise_records
-from lethe.engine.data.documents import split_documents
+from lethe.engine.data.inputs import RunInputs
 from lethe.engine.data.records import EncodedRecord, encode_records
 from lethe.engine.model import sharding
 from lethe.engine.model.loading import (
@@ -46,16 +44,11 @@ class Prepared:
     memory_plan: MemoryPlan
 
 
-def prepare(model_source: str, forget: list[dict], retain: list[dict] | None, params: SharedParams,
-            device: str | None, *, holdout: list[dict] | None = None, format: str = "plain",
+def prepare(model_source: str, inputs: RunInputs, params: SharedParams, device: str | None, *,
             memory_limit: int | None = None, objective: type | None = None) -> Prepared:
-    """Checked records, seeds, the device, tokens, the memory plan, the model; `format` "chat" renders the records
-    with the tokenizer's chat template (lethe.engine.contract.chat_format). A run whose planned peak exceeds
-    `memory_limit` (bytes; None: what the device holds) raises DoesNotFit before the weights are loaded."""
-    check_format(format)
-    forget = normalise_records(forget, "forget")
-    retain = normalise_records(retain or [], "retain", allow_empty=True)
-    holdout = normalise_records(holdout or [], "holdout", allow_empty=True)
+    """Seeds, the device, the records as the model sees them and their tokens, the memory plan, the model. A run
+    whose planned peak exceeds `memory_limit` (bytes; None: what the device holds) raises DoesNotFit before the
+    weights are loaded."""
     seed_everything(params.seed)
     dev = resolve_device(device)
     memory = PeakMemory(dev)
@@ -66,8 +59,7 @@ def prepare(model_source: str, forget: list[dict], retain: list[dict] | None, pa
     tokenizer = load_tokenizer(model_source)
     max_length = config_context_length(config, params.max_length)
     # As the model sees them: in its chat template where asked, long documents as windows of its context.
-    forget, retain, holdout = (split_documents(render(records, tokenizer, format, what), tokenizer, max_length, what)
-                               for records, what in ((forget, "forget"), (retain, "retain"), (holdout, "holdout")))
+    forget, retain, holdout = inputs.seen(tokenizer, max_length)
 
     def encode(records: list[dict], what: str) -> list[EncodedRecord]:
         return encode_records(records, tokenizer, max_length=max_length, seed=params.seed, what=what)

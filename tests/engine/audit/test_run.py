@@ -5,6 +5,7 @@ import torch
 
 from lethe.engine.audit.quantize import rtn_int4
 from lethe.engine.audit.run import run_audit
+from lethe.engine.data.inputs import RunInputs
 from lethe.engine.methods.masc.params import MascParams
 from lethe.engine.model.loading import load_model
 from lethe.engine.unlearn import run_unlearning
@@ -29,8 +30,9 @@ def audited(fixture_model, forget_records, retain_records, people):
     outcome = run_unlearning(str(fixture_model), forget_records, retain_records,
                              params=MascParams.from_dict({"lr": 1e-3, "max_steps": 400}))
     holdout = [r for r in people[2]][:5]  # non-members would be unseen records; any distinct set works here
-    report = run_audit(str(fixture_model), outcome.model, outcome.tokenizer, forget_records, retain_records,
-                       holdout, options={"relearn": True, "quantization": True})
+    report = run_audit(str(fixture_model), outcome.model, outcome.tokenizer,
+                       RunInputs.of(forget_records, retain_records, holdout),
+                       options={"relearn": True, "quantization": True})
     return report
 
 
@@ -109,7 +111,7 @@ def test_the_relearning_probe_trains_a_bfloat16_checkpoint_and_brings_back_what_
 
 def test_forget_quality_against_a_reference(fixture_model, forget_records, retain_records):
     model, tokenizer = load_model(fixture_model, torch.device("cpu"))
-    report = run_audit(str(fixture_model), model, tokenizer, forget_records, retain_records, None,
+    report = run_audit(str(fixture_model), model, tokenizer, RunInputs.of(forget_records, retain_records),
                        options={"relearn": False, "quantization": False, "examples": True},
                        reference_source=str(fixture_model))
     # The model against itself as the reference: identical truth ratios, KS p-value 1.
@@ -134,7 +136,8 @@ def test_a_reference_with_its_own_tokenizer_is_measured_through_it(fixture_model
     model, tokenizer = load_model(fixture_model, torch.device("cpu"))
     _, ref_tokenizer = load_model(tmp_path / "reference", torch.device("cpu"))
     assert ref_tokenizer.get_vocab() != tokenizer.get_vocab()
-    report = run_audit(str(fixture_model), model, tokenizer, forget_records, retain_records, retain_records[:8],
+    report = run_audit(str(fixture_model), model, tokenizer,
+                       RunInputs.of(forget_records, retain_records, retain_records[:8]),
                        options={"relearn": False, "quantization": False},
                        reference_source=str(tmp_path / "reference"))
     # The memorising model and a model that never saw the forget set differ: a small KS p-value.

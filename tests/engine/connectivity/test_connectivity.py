@@ -14,6 +14,7 @@ from lethe.engine.connectivity.paths import ControlPoint, Path, bezier_coefficie
 from lethe.engine.connectivity.run import run_connectivity
 from lethe.engine.contract.errors import EngineInputError
 from lethe.engine.contract.record_checks import normalise_records
+from lethe.engine.data.inputs import RunInputs
 from lethe.engine.data.records import collate, encode_records
 from lethe.engine.methods.masc.params import MascParams
 from lethe.engine.model.loading import load_model, save_model
@@ -183,7 +184,7 @@ def test_ensemble_is_the_average_of_the_sampled_weights(versions):
 
 def test_connectivity_run_between_two_fixture_versions(versions, forget_records, retain_records):
     params = ConnectivityParams(points=5, ensemble=True, ensemble_points=3)
-    outcome = run_connectivity(str(versions[0]), str(versions[1]), forget_records, retain_records, params)
+    outcome = run_connectivity(str(versions[0]), str(versions[1]), RunInputs.of(forget_records, retain_records), params)
     r = outcome.result
     assert [p["t"] for p in r["points"]] == [0.0, 0.25, 0.5, 0.75, 1.0]
     # The ends are the versions themselves: measured directly, the same numbers.
@@ -210,7 +211,8 @@ def test_connectivity_run_between_two_fixture_versions(versions, forget_records,
 
 def test_bezier_run_reports_the_fit_and_the_linear_suppress_analysis(versions, forget_records, retain_records):
     params = ConnectivityParams(curve="bezier", points=3, fit_steps=5, lora_r=2)  # space auto: LoRA-derived ends
-    r = run_connectivity(str(versions[0]), str(versions[1]), forget_records, retain_records, params).result
+    inputs = RunInputs.of(forget_records, retain_records)
+    r = run_connectivity(str(versions[0]), str(versions[1]), inputs, params).result
     assert r["space"] == "lora" and len(r["fit"]["loss_trace"]) == 5
     assert len(r["suppress_points"]) == 3 and "fit_seconds" in r["timing"]
 
