@@ -101,7 +101,8 @@ TORCH_FREE_ENGINE = {"lethe.engine.job_spec", "lethe.engine.methods",
                      "lethe.engine.methods.baseline_params", "lethe.engine.methods.masc",
                      "lethe.engine.methods.masc.params", "lethe.engine.audit", "lethe.engine.audit.metrics",
                      "lethe.engine.audit.verdict", "lethe.engine.connectivity", "lethe.engine.connectivity.params",
-                     "lethe.engine.model", "lethe.engine.model.lora_targets"}
+                     "lethe.engine.model", "lethe.engine.model.lora_targets", "lethe.engine.training",
+                     "lethe.engine.training.result"}
 
 
 def layer(module: str) -> str | None:

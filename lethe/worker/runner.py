@@ -9,6 +9,7 @@ import tempfile
 from pathlib import Path
 
 from lethe.engine.contract.errors import EngineInputError
+from lethe.engine.training.result import UnlearnResult
 from lethe.service.domain import audit_log, connectivity
 from lethe.service.domain.errors import Problem
 from lethe.service.domain.jobs import acquire_lease, end_job, fail_exhausted, prune_model_retain, still_ours
@@ -128,7 +129,7 @@ def _execute(work: Work, keeper: LeaseKeeper, settings: Settings) -> str:
 
 def _unlearn(work: Work, source: str, settings: Settings, progress, keeper: LeaseKeeper, tmp: Path):
     """The run: in one process, or, for full fine-tuning on a worker with several GPUs, FSDP over all of them (one
-    process each). Returns the result document and the merged model with its tokenizer (None when cancelled)."""
+    process each). Returns the typed result and the merged model with its tokenizer (None when cancelled)."""
     import torch
 
     from lethe.engine.model.loading import load_model, resolve_device
@@ -139,25 +140,26 @@ def _unlearn(work: Work, source: str, settings: Settings, progress, keeper: Leas
     assert params is not None
     gpus = torch.cuda.device_count() if resolve_device(settings.device).type == "cuda" else 0
     if not params.lora and gpus > 1:
-        result = run_sharded(source, work.forget, work.retain, params=params, processes=gpus, workdir=tmp / "sharded",
+        document = run_sharded(source, work.forget, work.retain, params=params, processes=gpus, workdir=tmp / "sharded",
                              holdout=work.holdout, device="cuda", progress=progress, should_cancel=keeper.should_stop,
                              format=work.spec.format, memory_limit=settings.device_memory_bytes or None)
+        result = UnlearnResult.from_dict(document)  # rank 0's result, typed again
         if not (tmp / "sharded" / "model").is_dir():
             return result, None, None
         model, tokenizer = load_model(tmp / "sharded" / "model", resolve_device(settings.device))
         return result, model, tokenizer
     outcome = unlearn(source, work.inputs, params=params, device=settings.device, progress=progress,
                       should_cancel=keeper.should_stop, memory_limit=settings.device_memory_bytes or None)
-    return outcome.result.as_dict(), outcome.model, outcome.tokenizer
+    return outcome.result, outcome.model, outcome.tokenizer
 
 
-def model_card(card: dict, result: dict) -> str:
+def model_card(card: dict, result: UnlearnResult) -> str:
     """The checkpoint's README: base model and lineage (SPEC section 7). Request ids, never records."""
     erased = "\n".join(f"- {r}" for r in card["erased"])
     return (f"# {card['model']}: unlearned checkpoint\n\n"
             f"- Base model (lineage root): {card['source']}\n- Parent version: {card['parent']}\n"
-            f"- Produced by job: {card['job']} ({result['method']}, stop reason {result['stop_reason']}, "
-            f"{result['steps']} steps)\n\nErasure requests applied along this lineage:\n\n{erased}\n")
+            f"- Produced by job: {card['job']} ({result.method}, stop reason {result.stop_reason}, "
+            f"{result.steps} steps)\n\nErasure requests applied along this lineage:\n\n{erased}\n")
 
 
 def _audit_served(work: Work, stored: Path, dtype, placement: dict | None, source: str, store: ArtifactStore,
@@ -206,21 +208,21 @@ def _summary(version: int | None, stop_reason: str, steps: int, wall_seconds: fl
     return {"model_version": version, "stop_reason": stop_reason, "steps": steps, "wall_seconds": wall_seconds}
 
 
-def _finish(work: Work, keeper: LeaseKeeper, result: dict, location: str, manifest: list | None,
+def _finish(work: Work, keeper: LeaseKeeper, result: UnlearnResult, location: str, manifest: list | None,
             audit: dict | None, curves: list[dict]) -> str:
     """One transaction: the version (at most one per job) and the job's end, if the lease is still ours."""
     return while_ours(work.job_id, keeper, lambda session, job: _finish_owned(
         session, job, keeper, result, location, manifest, audit, curves))
 
 
-def _finish_owned(session, job: Job, keeper: LeaseKeeper, result: dict, location: str, manifest: list | None,
+def _finish_owned(session, job: Job, keeper: LeaseKeeper, result: UnlearnResult, location: str, manifest: list | None,
                   audit: dict | None, curves: list[dict]) -> str:
     ours = still_ours(keeper.owner)
-    job.engine_result = result
+    job.engine_result = result.as_dict()
     if keeper.latest_progress is not None:
         job.progress = keeper.latest_progress
     if manifest is None or job.cancel_requested:
-        end_job(job, "CANCELLED", result=_summary(None, "cancelled", result["steps"], result["wall_seconds"]), **ours)
+        end_job(job, "CANCELLED", result=_summary(None, "cancelled", result.steps, result.wall_seconds), **ours)
         return "cancelled"
     model = get_model(session, job.tenant, job.model_id)
     parent = get_version(session, model, job.base_version, READABLE)
@@ -248,7 +250,7 @@ def _finish_owned(session, job: Job, keeper: LeaseKeeper, result: dict, location
     job.report = {**job.report, "audit_checkpoint": audit_log.checkpoint(
         session, audit_log.signing_key(get_settings()))}
     job.examples_until = examples_until(job.report, get_settings().examples_retention_seconds, utcnow())
-    summary = _summary(version.number, result["stop_reason"], result["steps"], result["wall_seconds"])
+    summary = _summary(version.number, result.stop_reason, result.steps, result.wall_seconds)
     if retired:
         summary["retired_versions"] = retired
     if pruned:

@@ -74,6 +74,32 @@ class UnlearnResult:
     format: str = "plain"  # how records were shown to the model: as they are, or in its chat template
     documents: list[dict] = field(default_factory=list)  # long documents split into windows, and their state
 
+    @classmethod
+    def from_dict(cls, doc: dict[str, Any]) -> UnlearnResult:
+        """The result back from the document `as_dict` wrote (a sharded run's rank 0 hands it over so); a key the
+        document lacks raises, except those `as_dict` leaves out when empty."""
+        kind: type[RuleEvidence] | type[BudgetEvidence] = \
+            RuleEvidence if "initial_violation_rate" in doc else BudgetEvidence
+        evidence = kind(**{f.name: doc[f.name] for f in dataclasses.fields(kind) if f.name in doc})
+        measured = Measured(doc["final_violation_rate"], doc.get("per_record"), doc.get("bound"), doc["validation"],
+                            doc["counts"], doc["v_trace"], evidence)
+        return cls(engine_version=doc["engine_version"], method=doc["method"], model=doc["model"],
+                   device=doc["device"], stop_reason=doc["stop_reason"], steps=doc["steps"], measured=measured,
+                   loss_trace=doc["loss_trace"], seed=doc["seed"], params=doc["params"], versions=doc["versions"],
+                   truncated=doc["truncated"], timing=Timing(**doc["timing"]), peak_memory=doc["peak_memory"],
+                   precision=doc["precision"], format=doc["format"], documents=doc.get("documents", []))
+
+    @property
+    def rule(self) -> RuleEvidence | None:
+        """MASC's rule evidence; None for a fixed budget."""
+        evidence = self.measured.evidence
+        return evidence if isinstance(evidence, RuleEvidence) else None
+
+    @property
+    def alpha(self) -> float | None:
+        """The alpha the rule used (calibrated or given); for a baseline its parameter, if it has one."""
+        return self.rule.alpha["value"] if self.rule is not None else self.params.get("alpha")
+
     @property
     def final_violation_rate(self) -> float | None:
         return self.measured.final_violation_rate

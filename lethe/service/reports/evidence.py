@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from lethe.engine.audit.metrics import metric_value
 from lethe.engine.audit.verdict import RULE, judge, verdict_lines
+from lethe.engine.training.result import UnlearnResult
 from lethe.service.domain.report_examples import report_sha256
 from lethe.service.infra.tables import Job, ModelVersion
 
@@ -99,28 +100,31 @@ def target_alpha(engine: dict):
     return resolved["value"] if isinstance(resolved, dict) else engine["params"].get("alpha")
 
 
-def build_report(job: Job, engine: dict, audit: dict, base: ModelVersion, new: ModelVersion | None,
+def build_report(job: Job, result: UnlearnResult, audit: dict, base: ModelVersion, new: ModelVersion | None,
                  worker: str, connectivity: dict | None = None) -> dict:
+    """The report of one unlearning job, from its typed result (the verdict's rule reads the result document, as
+    the benchmarks do)."""
+    rule, measured = result.rule, result.measured
     report = {
-        "job_id": job.id, "verdict": verdict(engine, audit),
-        "stop_rule": {"stop_reason": engine["stop_reason"], "steps": engine["steps"],
-                      "alpha": target_alpha(engine), "alpha_source": engine.get("alpha"),
-                      "erasure": engine.get("erasure"), "per_record": engine.get("per_record"),
+        "job_id": job.id, "verdict": verdict(result.as_dict(), audit),
+        "stop_rule": {"stop_reason": result.stop_reason, "steps": result.steps,
+                      "alpha": result.alpha, "alpha_source": rule.alpha if rule else None,
+                      "erasure": rule.erasure if rule else None, "per_record": measured.per_record,
                       # long documents split into windows: per document, its windows and whether all meet the rule
-                      "documents": engine.get("documents", []), "format": engine.get("format", "plain"),
-                      "final_violation_rate": engine["final_violation_rate"],
-                      "v_trace": engine["v_trace"], "loss_trace": engine["loss_trace"],
-                      "wall_seconds": engine["wall_seconds"], "validation": engine["validation"],
-                      "flagged": engine["stop_reason"] == "max_steps"},
-        "bound": engine.get("bound"),
+                      "documents": result.documents, "format": result.format,
+                      "final_violation_rate": measured.final_violation_rate,
+                      "v_trace": measured.v_trace, "loss_trace": result.loss_trace,
+                      "wall_seconds": result.wall_seconds, "validation": measured.validation,
+                      "flagged": result.stop_reason == "max_steps"},
+        "bound": measured.bound,
         "audit": audit,
         "evidence": {
             "request_id": job.request_id, "forget_manifest_sha256": job.forget_evidence["manifest_sha256"],
             "forget_count": job.forget_evidence["count"],
             "base_version": {"number": base.number, "manifest_sha256": base.manifest_sha256},
             "new_version": {"number": new.number, "manifest_sha256": new.manifest_sha256} if new else None,
-            "method": job.method, "preset": job.preset, "parameters": engine["params"], "seed": engine["seed"],
-            "versions": engine["versions"], "worker": worker, "device": engine["device"],
+            "method": job.method, "preset": job.preset, "parameters": result.params, "seed": result.seed,
+            "versions": result.versions, "worker": worker, "device": result.device,
             "created_at": job.created_at.isoformat(),
             "started_at": job.started_at.isoformat() if job.started_at else None,
         },
