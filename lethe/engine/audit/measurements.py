@@ -11,7 +11,7 @@ from lethe.engine.audit.metrics.forward import token_stats
 from lethe.engine.audit.metrics.privacy import attack_scores, roc_auc
 from lethe.engine.audit.metrics.text import generation_metrics
 from lethe.engine.audit.metrics.truth_ratio import forget_score, retain_score, truth_ratio
-from lethe.engine.data.records import encode_records
+from lethe.engine.data.records import EncodedRecord, encode_records
 
 ATTACKS = ("loss", "zlib", "min_k", "min_k_pp")
 
@@ -19,10 +19,12 @@ ATTACKS = ("loss", "zlib", "min_k", "min_k_pp")
 class EvaluationSet:
     """A set's encoded records and their variants (paraphrased prompt, truth-ratio answers)."""
 
-    def __init__(self, records: list[dict], tokenizer, max_length: int, seed: int, what: str):
+    def __init__(self, records: list[dict], tokenizer, max_length: int, seed: int, what: str,
+                 encoded: list[EncodedRecord] | None = None):
+        """`encoded`: the records' own encodings when the caller has them (RunInputs.tokenised), one per record."""
         self.records, self.what = records, what
         encode = lambda rs: encode_records(rs, tokenizer, max_length=max_length, seed=seed, what=what)  # noqa: E731
-        self.main = encode(records)
+        self.main = encoded if encoded is not None else encode(records)
         self.references = {r.id: tokenizer.decode(r.input_ids[r.prompt_len:], skip_special_tokens=True)
                            for r in self.main}
         self.paraphrased = encode([{"id": r["id"], "prompt": r["paraphrased_prompt"], "completion": r["completion"]}

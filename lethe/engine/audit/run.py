@@ -22,6 +22,7 @@ from lethe.engine.audit.verdict import per_record_at, union
 from lethe.engine.contract.errors import EngineInputError
 from lethe.engine.data.counterfactual import shared_template
 from lethe.engine.data.inputs import RunInputs
+from lethe.engine.data.tokenised import TokenisedInputs
 from lethe.engine.model.loading import context_length, load_model
 
 # secret_samples: seeded samples per forget prompt for the extraction audit; the two maxima relax the verdict
@@ -33,14 +34,20 @@ RETAIN_LIMIT = 100  # utility is measured on a seeded sample of at most this man
 PRIOR_LIMIT = 2000  # the samples' floor (a share of retain answers) is read from a seeded sample of this many
 
 
-def _sample(records: list[dict], limit: int, seed: int) -> list[dict]:
+def _sample(records: list, limit: int, seed: int) -> list:
     return random.Random(seed).sample(records, limit) if len(records) > limit else records
 
 
-def _sets(tokenizer, model, forget, retain, holdout, seed, max_length):
-    make = lambda records, what: EvaluationSet(records, tokenizer, max_length, seed, what) if records else None  # noqa
-    retain = _sample(retain or [], RETAIN_LIMIT, seed)
-    return make(forget, "forget"), make(retain, "retain"), make(holdout, "holdout")
+def _sets(tokenizer, tokens: TokenisedInputs, seed: int, max_length: int, retain: bool = True):
+    """The audit's evaluation sets from the run's encodings; retain as a seeded sample of RETAIN_LIMIT records (the
+    same positions of the records and of their encodings)."""
+    def make(records: list[dict], encoded: list, what: str) -> EvaluationSet | None:
+        return EvaluationSet(records, tokenizer, max_length, seed, what, encoded) if records else None
+
+    sample = _sample(list(zip(tokens.retain, tokens.records("retain"))), RETAIN_LIMIT, seed) if retain else []
+    return (make(tokens.forget, tokens.records("forget"), "forget"),
+            make([r for r, _ in sample], [e for _, e in sample], "retain"),
+            make(tokens.holdout, tokens.records("holdout"), "holdout"))
 
 
 def _strip(evaluation: dict, examples: bool) -> dict:
@@ -70,9 +77,10 @@ def run_audit(base_source: str, new_model, tokenizer, inputs: RunInputs, *, opti
 
     if not inputs.forget:
         raise EngineInputError("forget: no records to audit", field="forget")
-    forget, retain, holdout = inputs.seen(tokenizer, context)
+    tokens = inputs.tokenised(tokenizer, context, seed)
+    forget, retain, holdout = tokens.forget, tokens.retain, tokens.holdout
     device = device or next(new_model.parameters()).device
-    sets = _sets(tokenizer, new_model, forget, retain, holdout, seed, context)
+    sets = _sets(tokenizer, tokens, seed, context)
     template = shared_template(forget, retain)
     secrets = request_secrets(forget, retain, template)
     extraction = dict(secrets=secrets, samples=options["secret_samples"], seed=seed)
@@ -131,8 +139,8 @@ def run_audit(base_source: str, new_model, tokenizer, inputs: RunInputs, *, opti
         # The reference is measured through its own tokenizer (a retrain may not share the model's).
         ref_model, ref_tokenizer = load_model(reference_source, device)
         ref_context = context_length(ref_model, ref_tokenizer, max_length)
-        seen_forget, _, seen_holdout = inputs.seen(ref_tokenizer, ref_context)
-        ref_forget, _, ref_holdout = _sets(ref_tokenizer, ref_model, seen_forget, [], seen_holdout, seed, ref_context)
+        ref_tokens = inputs.tokenised(ref_tokenizer, ref_context, seed)
+        ref_forget, _, ref_holdout = _sets(ref_tokenizer, ref_tokens, seed, ref_context, retain=False)
         # With the request's secrets and samples: the floor of each verdict channel (lethe.engine.audit.verdict) is
         # what a model that never saw the records says there.
         reference = evaluate(ref_model, ref_tokenizer, ref_forget, None, ref_holdout, **extraction)

@@ -16,7 +16,6 @@ from lethe.engine.connectivity.params import ConnectivityParams
 from lethe.engine.connectivity.paths import ControlPoint, Path, differing_names, load_weights, parameters_of
 from lethe.engine.contract.errors import EngineInputError
 from lethe.engine.data.inputs import RunInputs
-from lethe.engine.data.records import encode_records
 from lethe.engine.model.loading import context_length, load_model, lora_modules, resolve_device
 from lethe.engine.training.runtime import PeakMemory, library_versions, seed_everything
 
@@ -57,10 +56,14 @@ def run_connectivity(start_source: str, end_source: str, inputs: RunInputs, para
         del init_model
 
     max_length = context_length(model, tokenizer, params.max_length)
-    forget, retain, _ = inputs.seen(tokenizer, max_length)
-    forget_set = EvaluationSet(forget, tokenizer, max_length, params.seed, "forget") if forget else None
-    sample = random.Random(params.seed).sample(retain, min(params.max_retain, len(retain))) if retain else []
-    retain_enc = encode_records(sample, tokenizer, max_length=max_length, seed=params.seed, what="retain")
+    tokens = inputs.tokenised(tokenizer, max_length, params.seed)  # the run's encodings, when it shares the tokenizer
+    forget, retain = tokens.forget, tokens.retain
+    forget_set = (EvaluationSet(forget, tokenizer, max_length, params.seed, "forget", tokens.records("forget"))
+                  if forget else None)
+    # A seeded sample of the retain records (the same positions of the records and of their encodings).
+    picked = (random.Random(params.seed).sample(list(zip(retain, tokens.records("retain"))),
+                                                min(params.max_retain, len(retain))) if retain else [])
+    sample, retain_enc = [r for r, _ in picked], [e for _, e in picked]
 
     curve = params.curve if names else "linear"  # identical ends: there is nothing to bend
     space = choose_space(params.space, names, start, set(lora_modules(model, "auto")))
@@ -106,7 +109,7 @@ def run_connectivity(start_source: str, end_source: str, inputs: RunInputs, para
         load_weights(model, path.ensemble(params.ensemble_points))
         ensemble_model = model
         t0 = time.perf_counter()
-        retain_set = EvaluationSet(sample, tokenizer, max_length, params.seed, "retain") if sample else None
+        retain_set = EvaluationSet(sample, tokenizer, max_length, params.seed, "retain", retain_enc) if sample else None
         result["ensemble"] = {"points": params.ensemble_points,
                               "t": [(i + 1) / (params.ensemble_points + 1) for i in range(params.ensemble_points)],
                               "evaluation": evaluate_version(model, tokenizer, forget_set, retain_set)}

@@ -11,7 +11,7 @@ import torch
 from lethe.engine.contract.memory_plan import MemoryPlan
 from lethe.engine.contract.parameters import SharedParams
 from lethe.engine.data.inputs import RunInputs
-from lethe.engine.data.records import EncodedRecord, encode_records
+from lethe.engine.data.records import EncodedRecord
 from lethe.engine.model import sharding
 from lethe.engine.model.loading import (
     TrainableModel,
@@ -58,13 +58,10 @@ def prepare(model_source: str, inputs: RunInputs, params: SharedParams, device: 
     saved_dtype = stored_dtype(config)  # read before loading: loading in another dtype rewrites the config
     tokenizer = load_tokenizer(model_source)
     max_length = config_context_length(config, params.max_length)
-    # As the model sees them: in its chat template where asked, long documents as windows of its context.
-    forget, retain, holdout = inputs.seen(tokenizer, max_length)
-
-    def encode(records: list[dict], what: str) -> list[EncodedRecord]:
-        return encode_records(records, tokenizer, max_length=max_length, seed=params.seed, what=what)
-
-    encoded_forget, encoded_retain = encode(forget, "forget"), encode(retain, "retain")
+    # As the model sees them: in its chat template where asked, long documents as windows of its context; tokenised
+    # once for the run, its audit and its curves (copies: the objective writes into its records).
+    tokens = inputs.tokenised(tokenizer, max_length, params.seed)
+    encoded_forget, encoded_retain, holdout = tokens.records("forget"), tokens.records("retain"), tokens.holdout
     capacity = memory_limit if memory_limit is not None else device_capacity(dev)
     plan = plan_run(config, params, precision, encoded_forget, encoded_retain, capacity, objective)
     device_map = spread_over_gpus(config, plan, precision) if not plan.fits and memory_limit is None else None

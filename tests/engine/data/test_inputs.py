@@ -30,7 +30,7 @@ def test_plain_records_are_seen_as_they_are_without_a_context_limit(forget_recor
 def test_a_run_its_audit_and_its_curve_share_one_normalisation(fixture_model, forget_records, retain_records,
                                                                monkeypatch):
     """The worker's order: one RunInputs, then the unlearning, the audit and a curve read it; the records are
-    normalised once per set, not again by each."""
+    normalised once per set, and each record tokenised once, not again by each."""
     from lethe.engine.audit.run import run_audit
     from lethe.engine.connectivity.params import ConnectivityParams
     from lethe.engine.connectivity.run import run_connectivity
@@ -51,6 +51,17 @@ def test_a_run_its_audit_and_its_curve_share_one_normalisation(fixture_model, fo
     for module in list(sys.modules.values()):
         if getattr(module, "normalise_records", None) is real:
             monkeypatch.setattr(module, "normalise_records", counted)
+    from lethe.engine.data import records as records_module
+
+    encoded: list[tuple] = []
+    real_encode = records_module.encode_record
+
+    def counted_encode(record, tokenizer, **kw):
+        if kw.get("what") in ("forget", "retain", "holdout"):  # not the calibration's or counterfactuals' own
+            encoded.append((record["id"], record.get("prompt"), record.get("completion")))
+        return real_encode(record, tokenizer, **kw)
+
+    monkeypatch.setattr(records_module, "encode_record", counted_encode)
     inputs = RunInputs.of(forget_records[:4], retain_records[:8])
     assert calls == ["forget", "retain", "holdout"]
     outcome = unlearn(str(fixture_model), inputs, params=MascParams.from_dict({"max_steps": 2, "lr": 1e-3}))
@@ -59,3 +70,6 @@ def test_a_run_its_audit_and_its_curve_share_one_normalisation(fixture_model, fo
     save_model(outcome.model, outcome.tokenizer, fixture_model.parent / "new")
     run_connectivity(str(fixture_model), str(fixture_model.parent / "new"), inputs, ConnectivityParams(points=3))
     assert calls == ["forget", "retain", "holdout"]
+    own = [(r["id"], r["prompt"], r["completion"]) for r in inputs.forget + inputs.retain]
+    assert sorted(e for e in encoded if e in own) == sorted(own)  # each of the request's records, once
+    assert len(inputs._tokens) == 1  # the run, its audit and the curve's two saved versions: one tokenizer
