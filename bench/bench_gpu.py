@@ -151,7 +151,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         tokens = trained_tokens(r, forget, tokenizer, max_length)
         utilisation, basis = mfu(tokens, parameters, r["timing"]["loop_seconds"], device)
         rows.append({"method": label, "stop_reason": r["stop_reason"], "steps": r["steps"],
-                     "seconds": round(r["wall_seconds"], 1), "loop_seconds": round(r["timing"]["loop_seconds"], 1),
+                     "seconds": round(r["wall_seconds"], 3), "loop_seconds": round(r["timing"]["loop_seconds"], 3),
                      "peak_memory_mib": round(r["peak_memory"]["bytes"] / 2**20, 1),
                      "peak_memory_kind": r["peak_memory"]["kind"],
                      "estimate_mib": round(r["peak_memory"]["estimate_bytes"] / 2**20, 1),
