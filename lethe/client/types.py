@@ -24,6 +24,7 @@ class Model(Typed):
     latest_version: int | None
     created_at: datetime
     retire_predecessors: bool = False
+    anchor_version: int = 1
 
 
 class Version(Typed):
@@ -60,6 +61,7 @@ class JobResult(Typed):
     ensemble_version: int | None = None
     retired_versions: list[int] | None = None
     retain_records_pruned: int | None = None
+    run_id: str | None = None
 
 
 class Job(Typed):
@@ -78,6 +80,8 @@ class Job(Typed):
     error: dict[str, Any] | None
     result: JobResult | None
     forget: dict[str, Any]
+    run_id: str | None = None
+    coalesce: bool = True
 
     @property
     def ended(self) -> bool:

@@ -46,15 +46,19 @@ def run_unlearning(model_source: str, forget: list[dict], retain: list[dict] | N
 
 def unlearn(model_source: str, inputs: RunInputs, *, params: SharedParams | None = None, device: str | None = None,
             progress: Callable[[dict], None] | None = None, should_cancel: Callable[[], bool] | None = None,
-            memory_limit: int | None = None) -> UnlearnOutcome:
+            memory_limit: int | None = None, anchor: str | None = None) -> UnlearnOutcome:
     """The run on records already checked (`RunInputs`, which the audit and connectivity read too).
-    `memory_limit`: bytes the run may plan to use (None: what the device holds); over it, DoesNotFit at once."""
+    `memory_limit`: bytes the run may plan to use (None: what the device holds); over it, DoesNotFit at once.
+    `anchor`: a model (a version of the same lineage) whose predictions on the retain records the retain term keeps,
+    in place of the start model's (issue 28: over sequential requests the start has drifted; the anchor has not)."""
     params = (params or get_method("masc").parse()).resolved()  # every "auto" the parameters decide, once
     method = get_method(params.method)
     objective_class = method.objective_class()
-    run = prepare(model_source, inputs, params, device, memory_limit=memory_limit, objective=objective_class)
+    run = prepare(model_source, inputs, params, device, memory_limit=memory_limit, objective=objective_class,
+                  anchor=anchor)
     stop = stop_policy(method, run, params)
     trainable = build_trainable_model(run.model, params, objective_class, run.precision)
+    trainable.anchor = run.anchor
     objective = objective_class(params, trainable, run.tokenizer.pad_token_id)
     stop.start(objective)
     trained = train(objective, stop, trainable.trainable_parameters(), lr=params.lr,
@@ -85,5 +89,6 @@ def unlearn(model_source: str, inputs: RunInputs, *, params: SharedParams | None
                                     "estimate": run.memory_plan.parts}, format=inputs.format,
         precision={**run.precision.describe(), "gradient_checkpointing": params.gradient_checkpointing,
                    "checkpoint_dtype": str(run.saved_dtype).removeprefix("torch.")},
-        documents=document_summary([r.source for r in run.forget], measured.per_record))
+        documents=document_summary([r.source for r in run.forget], measured.per_record),
+        anchor=str(anchor) if run.anchor is not None else None)
     return UnlearnOutcome(result=result, model=merged, tokenizer=run.tokenizer)

@@ -47,6 +47,10 @@ class Settings(BaseSettings):
     max_body_bytes: int = 32 * 2**20
     max_records: int = 20_000
     max_attempts: int = 3
+    # Coalescing (issue 28, lethe.service.domain.runs): at most this many queued requests of a model, and this many
+    # forget records in all, join one run (1: every request runs alone).
+    coalesce_max_requests: int = 16
+    coalesce_max_records: int = 2_000
     # Per tenant, so that one cannot hold the only queue: jobs not yet ended, and the worker seconds its jobs
     # used over the last 24 hours (0: no limit).
     max_active_jobs: int = 20

@@ -12,14 +12,25 @@ from lethe.engine.contract.errors import EngineInputError
 from lethe.engine.training.result import UnlearnResult
 from lethe.service.domain import audit_log, connectivity
 from lethe.service.domain.errors import Problem
-from lethe.service.domain.jobs import acquire_lease, end_job, fail_exhausted, prune_model_retain, still_ours
+from lethe.service.domain.jobs import (
+    accumulate_model_retain,
+    acquire_lease,
+    end_job,
+    fail_exhausted,
+    owned_job,
+    prune_model_retain,
+    still_ours,
+    without_forget,
+)
 from lethe.service.domain.lineage import add_version, get_model, get_version, lock_model, missing_erasures
 from lethe.service.domain.retention import examples_until
 from lethe.service.domain.retirement import retire_predecessors
+from lethe.service.domain.runs import can_lead, join, joinable, requeue
 from lethe.service.infra.artifacts import ArtifactStore, artifact_store
 from lethe.service.infra.db import session_scope
 from lethe.service.infra.queue import enqueue
 from lethe.service.infra.tables import Job, ModelVersion, utcnow
+from lethe.service.reports.coalesced import member_slice, run_summary
 from lethe.service.reports.evidence import build_report
 from lethe.service.settings import Settings, get_settings
 from lethe.worker.connectivity import execute_connectivity, measure_curves, record_curves
@@ -63,8 +74,16 @@ def run(job_id: str) -> str:
         work = read_work(session, job)
         if work is None:
             return "failed: base version predates erasures"
+        if work.kind == "unlearning" and can_lead(session, job):
+            assert work.parent is not None
+            joined = joinable(session, job, work.parent, settings.coalesce_max_requests,
+                              settings.coalesce_max_records)
+            if joined or job.run_id:
+                members = join(session, job, joined, owner, settings.lease_seconds, work.parent)
+                if len(members) > 1:
+                    work.coalesce(members)
 
-    keeper = LeaseKeeper(job_id, owner, ends)
+    keeper = LeaseKeeper(job_id, owner, ends, [m.job_id for m in work.members])
     keeper.start()
     try:
         return _execute(work, keeper, settings)
@@ -88,7 +107,7 @@ def _execute(work: Work, keeper: LeaseKeeper, settings: Settings) -> str:
                 keeper.latest_progress = {k: p.get(k) for k in ("step", "max_steps", "violation_rate", "alpha",
                                                                  "losses")}
 
-            result, model, tokenizer = _unlearn(work, str(source), settings, progress, keeper, Path(tmp))
+            result, model, tokenizer = _unlearn(work, str(source), settings, progress, keeper, Path(tmp), store)
             if keeper.lost.is_set():
                 return "lease lost"  # another worker owns the job now; write nothing
             if keeper.timed_out.is_set():
@@ -127,7 +146,8 @@ def _execute(work: Work, keeper: LeaseKeeper, settings: Settings) -> str:
         return _fail(work.job_id, keeper, Problem(500, "job-failed", "Job failed", detail).body())
 
 
-def _unlearn(work: Work, source: str, settings: Settings, progress, keeper: LeaseKeeper, tmp: Path):
+def _unlearn(work: Work, source: str, settings: Settings, progress, keeper: LeaseKeeper, tmp: Path,
+            store: ArtifactStore):
     """The run: in one process, or, for full fine-tuning on a worker with several GPUs, FSDP over all of them (one
     process each). Returns the typed result and the merged model with its tokenizer (None when cancelled)."""
     import torch
@@ -148,8 +168,15 @@ def _unlearn(work: Work, source: str, settings: Settings, progress, keeper: Leas
             return result, None, None
         model, tokenizer = load_model(tmp / "sharded" / "model", resolve_device(settings.device))
         return result, model, tokenizer
+    anchor = None
+    if work.anchor is not None:
+        number, location = work.anchor
+        anchor = str(store.local_path(location) or store.fetch_directory(location, tmp / "anchor"))
     outcome = unlearn(source, work.inputs, params=params, device=settings.device, progress=progress,
-                      should_cancel=keeper.should_stop, memory_limit=settings.device_memory_bytes or None)
+                      should_cancel=keeper.should_stop, memory_limit=settings.device_memory_bytes or None,
+                      anchor=anchor)
+    if outcome.result.anchor is not None:
+        outcome.result.anchor = f"version {number}"  # not the worker's temporary path
     return outcome.result, outcome.model, outcome.tokenizer
 
 
@@ -210,61 +237,119 @@ def _summary(version: int | None, stop_reason: str, steps: int, wall_seconds: fl
 
 def _finish(work: Work, keeper: LeaseKeeper, result: UnlearnResult, location: str, manifest: list | None,
             audit: dict | None, curves: list[dict]) -> str:
-    """One transaction: the version (at most one per job) and the job's end, if the lease is still ours."""
-    return while_ours(work.job_id, keeper, lambda session, job: _finish_owned(
-        session, job, keeper, result, location, manifest, audit, curves))
+    """One transaction: the version (at most one per job) and the end of every job of the run, if the leases are
+    still ours."""
+    requeued: list[tuple[str, str | None]] = []
+    outcome = while_ours(work.job_id, keeper, lambda session, job: _finish_owned(
+        session, job, work, keeper, result, location, manifest, audit, curves, requeued))
+    for job_id, queue in requeued:  # after the commit; the sweeper re-sends any this misses
+        try:
+            enqueue(job_id, queue=queue)
+        except Exception:
+            log.exception("could not re-send job %s; the sweeper will", job_id)
+    return outcome
 
 
-def _finish_owned(session, job: Job, keeper: LeaseKeeper, result: UnlearnResult, location: str, manifest: list | None,
-                  audit: dict | None, curves: list[dict]) -> str:
+def _finish_owned(session, job: Job, work: Work, keeper: LeaseKeeper, result: UnlearnResult, location: str,
+                  manifest: list | None, audit: dict | None, curves: list[dict],
+                  requeued: list[tuple[str, str | None]]) -> str:
     ours = still_ours(keeper.owner)
-    job.engine_result = result.as_dict()
+    others = [owned_job(session, m.job_id, keeper.owner) for m in work.members[1:]]
+    jobs = [job, *(j for j in others if j is not None)]
     if keeper.latest_progress is not None:
-        job.progress = keeper.latest_progress
-    if manifest is None or job.cancel_requested:
-        end_job(job, "CANCELLED", result=_summary(None, "cancelled", result.steps, result.wall_seconds), **ours)
-        return "cancelled"
+        for j in jobs:
+            j.progress = keeper.latest_progress
+    if manifest is None or None in others or any(j.cancel_requested for j in jobs):
+        return _stop_run(jobs, work, result, requeued, ours, lost=None in others)
     model = get_model(session, job.tenant, job.model_id)
     parent = get_version(session, model, job.base_version, READABLE)
     existing = session.query(ModelVersion).filter_by(job_id=job.id).one_or_none()
     if existing is None:
         lock_model(session, model.id)
         if missing := missing_erasures(session, parent):  # a version was made from the same base meanwhile
-            end_job(job, "FAILED", error=predates(parent.number, missing, "no longer holds every erasure (erased "
-                                                  "from it meanwhile); submit again without a version"), **ours)
+            for j in jobs:
+                end_job(j, "FAILED", error=predates(parent.number, missing, "no longer holds every erasure (erased "
+                                                    "from it meanwhile); submit again without a version"), **ours)
             return "failed: base version predates erasures"
+    erased = list(dict.fromkeys([*parent.erased_request_ids, *(j.request_id for j in jobs)]))  # every member's
     version = existing or add_version(session, model, location=location, manifest=manifest, parent=parent,
-                                      job_id=job.id, request_id=job.request_id)
-    pruned = prune_model_retain(session, model, job.forget_records or [], job.request_id) if existing is None else 0
-    retired = retire_predecessors(session, model) if existing is None else []
+                                      job_id=job.id, request_id=job.request_id, erased=erased)
+    pruned, retired = 0, []
+    if existing is None:
+        for j in jobs:
+            pruned += prune_model_retain(session, model, j.forget_records or [], j.request_id)
+        for j in jobs:  # after every member's pruning: no record one of them erased is added back
+            erased = [r for other in jobs for r in other.forget_records or []]
+            accumulate_model_retain(session, model, without_forget(j.retain_records, erased)[0] or [],
+                                    j.request_id, get_settings().max_records)
+        retired = retire_predecessors(session, model)
     rows = record_curves(session, job, curves, version.number, version) if curves else []
     mcu = None
     if job.mcu_options:
         mcu = {"curves": [connectivity.summary(r) for r in rows],
                "errors": [{"a": c["a"], "error": c["error"]} for c in curves if "error" in c]}
-    job.report = build_report(job, result, audit or {"error": "not run"}, parent, version, keeper.owner, mcu)
-    audit_log.append(session, job.tenant, "report.created", job.id,
-                     {"report_sha256": job.report["sha256"], "forgotten": job.report["verdict"]["forgotten"]})
-    # The log's head, signed with a key the database does not hold: a client that keeps it can later tell a
-    # chain cut back or rewritten (POST /v1/audit-log/verify).
-    job.report = {**job.report, "audit_checkpoint": audit_log.checkpoint(
-        session, audit_log.signing_key(get_settings()))}
-    job.examples_until = examples_until(job.report, get_settings().examples_retention_seconds, utcnow())
-    summary = _summary(version.number, result.stop_reason, result.steps, result.wall_seconds)
-    if retired:
-        summary["retired_versions"] = retired
-    if pruned:
-        summary["retain_records_pruned"] = pruned
-    if job.mcu_options:
-        ensembles = [r.ensemble["version"] for r in rows if r.ensemble]
-        summary.update(connectivity=[r.id for r in rows], ensemble_version=ensembles[0] if ensembles else None)
-    end_job(job, "SUCCEEDED", result=summary, **ours)
+    document = result.as_dict()
+    prefixes = [m.prefix for m in work.members]
+    members = [{"job_id": m.job_id, "request_id": m.request_id, "forget_records": m.forget_count}
+               for m in work.members]
+    for j in jobs:
+        own, own_audit = result, audit or {"error": "not run"}
+        if work.members:
+            prefix = next(m.prefix for m in work.members if m.job_id == j.id)
+            own = UnlearnResult.from_dict(member_slice(document, prefix, prefixes))
+            own_audit = member_slice(own_audit, prefix, prefixes)
+        j.engine_result = own.as_dict()
+        j.report = build_report(j, own, own_audit, parent, version, keeper.owner, mcu if j is job else None)
+        if work.members:
+            j.report["run"] = run_summary(job.id, members, len(work.forget))
+        audit_log.append(session, j.tenant, "report.created", j.id,
+                         {"report_sha256": j.report["sha256"], "forgotten": j.report["verdict"]["forgotten"]})
+        # The log's head, signed with a key the database does not hold: a client that keeps it can later tell a
+        # chain cut back or rewritten (POST /v1/audit-log/verify).
+        j.report = {**j.report, "audit_checkpoint": audit_log.checkpoint(
+            session, audit_log.signing_key(get_settings()))}
+        j.examples_until = examples_until(j.report, get_settings().examples_retention_seconds, utcnow())
+        summary = _summary(version.number, result.stop_reason, result.steps, result.wall_seconds)
+        if work.members:
+            summary["run_id"] = job.id
+        if retired:
+            summary["retired_versions"] = retired
+        if pruned:
+            summary["retain_records_pruned"] = pruned
+        if j is job and job.mcu_options:
+            ensembles = [r.ensemble["version"] for r in rows if r.ensemble]
+            summary.update(connectivity=[r.id for r in rows], ensemble_version=ensembles[0] if ensembles else None)
+        end_job(j, "SUCCEEDED", result=summary, **ours)
     return f"succeeded: version {version.number}"
 
 
+def _stop_run(jobs: list[Job], work: Work, result: UnlearnResult, requeued: list[tuple[str, str | None]],
+              ours: dict, lost: bool) -> str:
+    """No version: a job alone ends CANCELLED. In a coalesced run, the members asked to cancel end CANCELLED and the
+    others go back to the queue, to run again without them (what was trained held their records too); a member whose
+    lease was lost sends the rest back likewise."""
+    if not work.members:
+        jobs[0].engine_result = result.as_dict()
+        end_job(jobs[0], "CANCELLED", result=_summary(None, "cancelled", result.steps, result.wall_seconds), **ours)
+        return "cancelled"
+    cancelled = [j for j in jobs if j.cancel_requested]
+    for j in jobs:
+        if j.cancel_requested:
+            end_job(j, "CANCELLED", result=_summary(None, "cancelled", result.steps, result.wall_seconds), **ours)
+        else:
+            requeue(j, "a member of its coalesced run was cancelled" if cancelled else "a member's lease was lost")
+            requeued.append((j.id, j.queue))
+    return f"stopped: {len(cancelled)} cancelled, {len(jobs) - len(cancelled)} queued again" + \
+        (" (a member's lease was lost)" if lost else "")
+
+
 def _fail(job_id: str, keeper: LeaseKeeper, error: dict) -> str:
+    """The job, and every member of its coalesced run, FAILED with the same problem."""
     def fail(session, job: Job) -> str:
         end_job(job, "FAILED", error=error, **still_ours(keeper.owner))
+        for member in keeper.members:
+            if (other := owned_job(session, member, keeper.owner)) is not None:
+                end_job(other, "FAILED", error=error, **still_ours(keeper.owner))
         return "failed"
 
     return while_ours(job_id, keeper, fail)

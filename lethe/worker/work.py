@@ -26,6 +26,7 @@ from lethe.service.domain.lineage import (
     lock_model,
     missing_erasures,
 )
+from lethe.service.domain.runs import Member, union_records, union_retain
 from lethe.service.infra.db import session_scope
 from lethe.service.infra.tables import TERMINAL, Job, Model, ModelVersion, RetrainReference, utcnow
 from lethe.service.settings import get_settings
@@ -36,9 +37,10 @@ log = logging.getLogger("lethe.worker")
 class LeaseKeeper(threading.Thread):
     """Renews the lease and publishes progress every heartbeat; notices cancellation and a lost lease."""
 
-    def __init__(self, job_id: str, owner: str, deadline: datetime | None = None):
+    def __init__(self, job_id: str, owner: str, deadline: datetime | None = None, members: list[str] | None = None):
         super().__init__(name=f"lease-{job_id}", daemon=True)
         self.job_id, self.owner, self.deadline = job_id, owner, deadline
+        self.members = [m for m in members or [] if m != job_id]  # the other jobs of a coalesced run (issue 28)
         self.settings = get_settings()
         self.latest_progress: dict | None = None
         self.cancelled = threading.Event()
@@ -47,13 +49,16 @@ class LeaseKeeper(threading.Thread):
         self.done = threading.Event()
 
     def beat(self) -> None:
-        with session_scope() as session:
-            ours, cancel = heartbeat(session, self.job_id, self.owner, self.settings.lease_seconds,
-                                     self.latest_progress)
-        if not ours:
-            self.lost.set()
-        if cancel:
-            self.cancelled.set()
+        """Every job of the run: a member cancelled stops the run (the others go back to the queue), a member whose
+        lease is gone stops it too (lethe.service.domain.runs)."""
+        for job_id in (self.job_id, *self.members):
+            with session_scope() as session:
+                ours, cancel = heartbeat(session, job_id, self.owner, self.settings.lease_seconds,
+                                         self.latest_progress)
+            if not ours:
+                self.lost.set()
+            if cancel:
+                self.cancelled.set()
         if self.deadline is not None and utcnow() >= self.deadline:
             self.timed_out.set()
 
@@ -99,12 +104,23 @@ class Work:
     card: dict = field(default_factory=dict)  # the model card's lineage
     curves_from: dict[int, str] = field(default_factory=dict)  # each curve's start version -> its location
     curve_to: tuple[int, str] | None = None  # a connectivity job's end version and its location
+    members: list[Member] = field(default_factory=list)  # a coalesced run's requests, the leader first; [] alone
+    anchor: tuple[int, str] | None = None  # the retain term's fixed version and its location; None: the base itself
 
     @cached_property
     def inputs(self) -> RunInputs:
         """The records as the run, the audit and the curves read them: normalised once, for all three."""
         return RunInputs.of(self.forget, self.retain, self.holdout, self.spec.format,
                             forget_required=self.kind != "connectivity")
+
+    def coalesce(self, jobs: list[Job]) -> None:
+        """The run of several requests (lethe.service.domain.runs): their records unioned under prefixed ids, every
+        request in the model card."""
+        self.forget = union_records(jobs, "forget_records")
+        self.retain = union_retain(jobs, self.forget)
+        self.holdout = union_records(jobs, "holdout_records")
+        self.card["erased"] = [*self.card["erased"][:-1], *(j.request_id for j in jobs)]
+        self.members = [Member(j.id, j.request_id, j.forget_evidence["count"]) for j in jobs]
 
     def folder(self, name: str) -> str:
         """This attempt's own folder in the store: a worker that lost its lease but still runs cannot overwrite
@@ -155,6 +171,7 @@ def read_work(session: Session, job: Job) -> Work | None:
     work.holdout, work.audit_options = job.holdout_records or [], job.audit_options or {}
     work.base, work.parent = base.location, base.number
     work.reference = _reference_location(session, model, reference)
+    work.anchor = _anchor(session, model, base)
     work.card = dict(model=model.name, source=model.source, parent=base.number, job=job.id,
                      erased=[*base.erased_request_ids, job.request_id])
     if job.mcu_options:
@@ -175,9 +192,12 @@ def model_busy(session: Session, job_id: str) -> str | None:
     if job is None or job.kind == "connectivity" or job.state in TERMINAL:
         return None
     lock_model(session, job.model_id)
+    # A member of the same coalesced run is not another job: after its worker died, whichever member arrives first
+    # takes the run over (lethe.service.domain.runs).
+    same_run = [Job.run_id.is_(None) | (Job.run_id != job.run_id)] if job.run_id else []
     return session.scalar(select(Job.id).where(
         Job.model_id == job.model_id, Job.id != job_id, Job.kind != "connectivity",
-        Job.state.in_(("RUNNING", "CANCELLING"))).limit(1))
+        Job.state.in_(("RUNNING", "CANCELLING")), *same_run).limit(1))
 
 
 def start_version(session: Session, model: Model, job: Job) -> ModelVersion | None:
@@ -200,6 +220,17 @@ def start_version(session: Session, model: Model, job: Job) -> ModelVersion | No
 def version_dirs(session: Session, model: Model, numbers: list[int]) -> dict[int, str]:
     """Store locations of the named versions."""
     return {n: get_version(session, model, n, READABLE).location for n in numbers}
+
+
+def _anchor(session: Session, model: Model, base: ModelVersion) -> tuple[int, str] | None:
+    """The version the retain term anchors to (the model's pinned one, else the root) and its files; None where it is
+    the base itself (pi_0 is then the anchor) or its files were purged (the run then anchors to its base, as
+    before issue 28, and its result names no anchor)."""
+    number = model.anchor_version or 1
+    if number == base.number:
+        return None
+    version = find_version(session, model, number)
+    return None if version.state == PURGED else (number, version.location)
 
 
 def _reference_location(session: Session, model: Model, reference: RetrainReference | None) -> str | None:

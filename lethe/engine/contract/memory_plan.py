@@ -62,6 +62,7 @@ class Workload:
     max_tokens: int
     gradient_checkpointing: bool = False
     shards: int = 1  # FSDP processes: full mode's weights, gradients, moments and frozen copy split among them
+    anchored: bool = False  # a fixed anchor version held for the retain term (issue 28): one more frozen copy
 
 
 @dataclass
@@ -90,12 +91,13 @@ class MemoryPlan:
 def static_bytes(shape: ModelShape, work: Workload) -> dict[str, int]:
     """What the job holds from start to end, whatever its records."""
     half = BYTES[work.dtype]
+    anchor = {"anchor_copy": shape.parameters * half} if work.anchored else {}
     if work.lora:
-        return {"weights": shape.parameters * half, "adapters_and_optimiser": 16 * shape.adapter_parameters}
+        return {"weights": shape.parameters * half, "adapters_and_optimiser": 16 * shape.adapter_parameters, **anchor}
     trained = shape.parameters if shape.trainable_parameters is None else shape.trainable_parameters
     n = work.shards
     return {"weights": shape.parameters * 4 // n, "gradients_and_optimiser": 12 * trained // n,
-            "frozen_copy": shape.parameters * half // n}
+            "frozen_copy": shape.parameters * half // n, **anchor}
 
 
 def activation_bytes(shape: ModelShape, work: Workload) -> dict[str, int]:

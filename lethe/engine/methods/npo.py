@@ -18,7 +18,7 @@ class NPO:
         if retain is not None:
             if self.retain_kl:
                 z, _, _ = M.active_positions(self.trainable.logits(retain), retain.labels)
-                z0, _, _ = M.active_positions(self.trainable.reference_logits(retain), retain.labels)
+                z0, _, _ = M.active_positions(self.trainable.anchor_logits(retain), retain.labels)
                 retain_term = M.masked_kl(z0, z)
             else:
                 retain_term = O.retain_nll(self.trainable.logits(retain), retain.labels)

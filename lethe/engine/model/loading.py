@@ -5,6 +5,7 @@ import contextlib
 import copy
 import os
 from pathlib import Path
+from typing import Any
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -197,6 +198,9 @@ class TrainableModel:
     def __init__(self, model, *, lora: bool, r: int = 16, alpha: int = 32, dropout: float = 0.0,
                  targets="auto", reference_dtype: torch.dtype | None = None):
         self.lora = lora
+        # The retain term's reference when it is not pi_0 (issue 28): a fixed version of the lineage (its root, or a
+        # pinned one), frozen, so that drift does not compound over sequential requests. None: pi_0.
+        self.anchor: Any = None
         self.checkpointed: list = []
         self.sharded = False
         self.adapted: list[str] = []
@@ -267,6 +271,13 @@ class TrainableModel:
         """pi_0's logits on a batch."""
         return self._reference(batch).logits
 
+    @torch.no_grad()
+    def anchor_logits(self, batch) -> torch.Tensor:
+        """The retain term's reference on a batch: the anchor's logits, or pi_0's where the run has no anchor."""
+        if self.anchor is None:
+            return self.reference_logits(batch)
+        return self.anchor(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False).logits
+
     def _reference(self, batch, **kwargs):
         """pi_0's forward pass: adapters disabled (LoRA) or the frozen copy (full)."""
         kwargs.update(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False)
@@ -282,7 +293,7 @@ class TrainableModel:
         as trained). The trainable model is spent after."""
         from lethe.engine.model.checkpointing import restore_blocks
 
-        self.frozen = None
+        self.frozen = self.anchor = None
         restore_blocks(self.checkpointed)
         if self.sharded:
             from lethe.engine.model.sharding import gathered

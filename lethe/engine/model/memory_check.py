@@ -65,7 +65,8 @@ def model_shape(config, params: SharedParams, objective: type | None = None) -> 
 
 
 def plan_run(config, params: SharedParams, precision: Precision, forget: list[EncodedRecord],
-             retain: list[EncodedRecord], capacity: int | None, objective: type | None = None) -> MemoryPlan:
+             retain: list[EncodedRecord], capacity: int | None, objective: type | None = None,
+             anchored: bool = False) -> MemoryPlan:
     longest = max(len(r.input_ids) for r in [*forget, *retain])
     retain_rows = (getattr(params, "retain_batch_size", 0) or params.batch_size) if retain else 0
     forget_rows = params.batch_size
@@ -76,5 +77,5 @@ def plan_run(config, params: SharedParams, precision: Precision, forget: list[En
     shards = torch.distributed.get_world_size() if sharding.active() and not params.lora else 1
     work = Workload(dtype=precision.name, lora=precision.lora, train_rows=forget_rows + retain_rows,
                     eval_rows=params.eval_batch_size, max_tokens=longest,
-                    gradient_checkpointing=params.gradient_checkpointing, shards=shards)
+                    gradient_checkpointing=params.gradient_checkpointing, shards=shards, anchored=anchored)
     return estimate(model_shape(config, params, objective), work, capacity)

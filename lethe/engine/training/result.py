@@ -73,6 +73,7 @@ class UnlearnResult:
     precision: dict = field(default_factory=dict)  # what was held in which dtype (lethe.engine.model.precision)
     format: str = "plain"  # how records were shown to the model: as they are, or in its chat template
     documents: list[dict] = field(default_factory=list)  # long documents split into windows, and their state
+    anchor: str | None = None  # the retain term's fixed reference, where it was not the start model (issue 28)
 
     @classmethod
     def from_dict(cls, doc: dict[str, Any]) -> UnlearnResult:
@@ -87,7 +88,8 @@ class UnlearnResult:
                    device=doc["device"], stop_reason=doc["stop_reason"], steps=doc["steps"], measured=measured,
                    loss_trace=doc["loss_trace"], seed=doc["seed"], params=doc["params"], versions=doc["versions"],
                    truncated=doc["truncated"], timing=Timing(**doc["timing"]), peak_memory=doc["peak_memory"],
-                   precision=doc["precision"], format=doc["format"], documents=doc.get("documents", []))
+                   precision=doc["precision"], format=doc["format"], documents=doc.get("documents", []),
+                   anchor=doc.get("anchor"))
 
     @property
     def rule(self) -> RuleEvidence | None:
@@ -125,6 +127,8 @@ class UnlearnResult:
             out["bound"] = m.bound
         if self.documents:
             out["documents"] = self.documents
+        if self.anchor is not None:
+            out["anchor"] = self.anchor
         if out.get("violation_yardstick", ()) is None:
             del out["violation_yardstick"]
         return {**out, "timing": self.timing.as_dict(), "wall_seconds": self.timing.wall_seconds,

@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from lethe.engine.contract.errors import EngineInputError
 from lethe.engine.contract.memory_plan import MemoryPlan
 from lethe.engine.contract.parameters import SharedParams
 from lethe.engine.data.inputs import RunInputs
@@ -42,13 +43,14 @@ class Prepared:
     precision: Precision
     saved_dtype: torch.dtype  # the checkpoint's own dtype, which the unlearned one keeps
     memory_plan: MemoryPlan
+    anchor: Any = None  # the retain term's fixed reference, loaded frozen (None: pi_0)
 
 
 def prepare(model_source: str, inputs: RunInputs, params: SharedParams, device: str | None, *,
-            memory_limit: int | None = None, objective: type | None = None) -> Prepared:
-    """Seeds, the device, the records as the model sees them and their tokens, the memory plan, the model. A run
-    whose planned peak exceeds `memory_limit` (bytes; None: what the device holds) raises DoesNotFit before the
-    weights are loaded."""
+            memory_limit: int | None = None, objective: type | None = None, anchor: str | None = None) -> Prepared:
+    """Seeds, the device, the records as the model sees them and their tokens, the memory plan, the model (and the
+    anchor, a version of the same lineage the retain term keeps the model close to). A run whose planned peak
+    exceeds `memory_limit` (bytes; None: what the device holds) raises DoesNotFit before the weights are loaded."""
     seed_everything(params.seed)
     dev = resolve_device(device)
     memory = PeakMemory(dev)
@@ -63,7 +65,14 @@ def prepare(model_source: str, inputs: RunInputs, params: SharedParams, device: 
     tokens = inputs.tokenised(tokenizer, max_length, params.seed)
     encoded_forget, encoded_retain, holdout = tokens.records("forget"), tokens.records("retain"), tokens.holdout
     capacity = memory_limit if memory_limit is not None else device_capacity(dev)
-    plan = plan_run(config, params, precision, encoded_forget, encoded_retain, capacity, objective)
+    anchor = anchor if encoded_retain else None  # no retain term: nothing to anchor
+    anchored = anchor is not None
+    vocabularies = {getattr(c.get_text_config(), "vocab_size", None) for c in (config, load_config(anchor))} \
+        if anchor is not None else set()
+    if len(vocabularies) > 1:
+        raise EngineInputError("anchor: its vocabulary is not the model's (an anchor is a version of the same "
+                               "lineage)", field="anchor")
+    plan = plan_run(config, params, precision, encoded_forget, encoded_retain, capacity, objective, anchored)
     device_map = spread_over_gpus(config, plan, precision) if not plan.fits and memory_limit is None else None
     if not plan.fits:
         raise DoesNotFit(plan)
@@ -72,8 +81,12 @@ def prepare(model_source: str, inputs: RunInputs, params: SharedParams, device: 
                          precision.load_dtype, device_map)
     if device_map:
         dev = model.get_input_embeddings().weight.device  # batches start where the embeddings are
+    anchor_model = None
+    if anchor is not None:  # read only: held in the dtype pi_0's frozen copy would have
+        anchor_model = load_weights(anchor, dev, precision.reference_dtype if precision.half
+                                    else precision.load_dtype).requires_grad_(False)
     return Prepared(dev, memory, started, model, tokenizer, encoded_forget, encoded_retain, holdout, max_length,
-                    precision, saved_dtype, plan)
+                    precision, saved_dtype, plan, anchor_model)
 
 
 def spread_over_gpus(config: Any, plan: MemoryPlan, precision: Precision) -> dict | None:

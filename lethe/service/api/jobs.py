@@ -109,7 +109,7 @@ def submit(body: JobCreate, request: Request, who: Principal = Depends(require("
                       follows_head=body.version is None, requested=body.params, forget=forget,
                       retain=retain, holdout=holdout,
                       audit_options=body.audit.model_dump() if body.audit else None, mcu_options=mcu,
-                      max_attempts=settings.max_attempts)
+                      max_attempts=settings.max_attempts, coalesce=body.coalesce)
         job.queue = queue
         session.add(job)
         session.flush()

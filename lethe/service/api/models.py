@@ -37,6 +37,7 @@ def model_out(session: Session, model: Model) -> dict:
     return {"id": model.id, "name": model.name, "source": model.source, "format": model.format,
             "description": model.description,
             "retain_count": len(model.retain_records or []), "retire_predecessors": model.retire_predecessors,
+            "anchor_version": model.anchor_version or 1,
             "latest_version": getattr(lineage.head_version(session, model), "number", None),
             "created_at": model.created_at}
 
@@ -126,12 +127,18 @@ def _version(session, who, model_id, number: str, served: bool = True) -> ModelV
 @transactional
 def update_model(model_id: str, body: ModelUpdate, who: Principal = Depends(require("models:write")),
                  session: Session = INJECTED):
-    """Change a model's settings (today: retire_predecessors); audited."""
+    """Change a model's settings (retire_predecessors; anchor_version, a version whose files are kept, null for the
+    root); audited."""
     model = lineage.get_model(session, who.tenant, model_id)
     if body.retire_predecessors is not None and body.retire_predecessors != model.retire_predecessors:
         model.retire_predecessors = body.retire_predecessors
         audit_log.append(session, who.tenant, "model.updated", model.id,
                          {"retire_predecessors": body.retire_predecessors})
+    if "anchor_version" in body.model_fields_set and body.anchor_version != model.anchor_version:
+        if body.anchor_version is not None:
+            lineage.get_version(session, model, body.anchor_version, (lineage.SERVED, lineage.RETIRED))
+        model.anchor_version = body.anchor_version
+        audit_log.append(session, who.tenant, "model.updated", model.id, {"anchor_version": body.anchor_version})
     return model_out(session, model)
 
 

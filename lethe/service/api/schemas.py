@@ -54,6 +54,9 @@ class ModelCreate(Strict):
 
 class ModelUpdate(Strict):
     retire_predecessors: bool | None = Field(default=None, description="see ModelCreate.retire_predecessors")
+    anchor_version: int | None = Field(default=None, ge=1, le=MAX_VERSION, description=(
+        "the version every erasure's retain term keeps the model close to on the retain records, fixed over the "
+        "lineage so that drift does not compound request after request; null: the root (version 1, the default)"))
 
 
 class ModelOut(BaseModel):
@@ -64,6 +67,7 @@ class ModelOut(BaseModel):
     description: str | None
     retain_count: int
     retire_predecessors: bool
+    anchor_version: int  # the retain term's fixed reference (1: the root)
     latest_version: int | None
     created_at: datetime
 
@@ -191,6 +195,10 @@ class JobCreate(Strict):
             "GET /v1/subjects/{subject} then answers what was erased of each, where and when."))
     audit: AuditOptions | None = None
     mcu: McuRequest | None = None
+    coalesce: bool = Field(default=True, description=(
+        "Whether the request may join one run with the model's other queued requests that run the same way "
+        "(same method, parameters, audit options; no curves): one run, one audit, one new version for all, each "
+        "request keeping its own job, result slice, verdict and report. false: it runs alone."))
 
 
 class Progress(BaseModel):
@@ -211,6 +219,7 @@ class JobResult(BaseModel):
     ensemble_version: int | None = None
     retired_versions: list[int] | None = None  # versions retired by the model's retire_predecessors setting
     retain_records_pruned: int | None = None  # records of the model's retain set this erasure removed from it
+    run_id: str | None = None  # the coalesced run it was part of (its leading job's id); None: it ran alone
 
 
 class JobOut(BaseModel):
@@ -229,6 +238,8 @@ class JobOut(BaseModel):
     error: dict | None
     result: JobResult | None
     forget: dict  # evidence only: count and hashes, never the records
+    run_id: str | None = None  # the coalesced run it is or was part of (its leading job's id); None: alone
+    coalesce: bool = True  # whether it may join a coalesced run
 
 
 class SubjectRequest(BaseModel):

@@ -60,10 +60,34 @@ def prune_model_retain(session: Session, model: Model, forget: list[dict], reque
     return removed
 
 
+def accumulate_model_retain(session: Session, model: Model, records: list[dict], request_id: str, limit: int) -> int:
+    """After an erasure succeeded: the retain records its request named join the model's retain set (each text once,
+    an id already taken made unique, at most `limit` in all), so that later requests that name none keep them too
+    (issue 28). Audited, by count; how many were added."""
+    kept = list(model.retain_records or [])
+    texts, ids = {record_content(r) for r in kept}, {str(r["id"]) for r in kept}
+    added: list[dict] = []
+    for record in records:
+        content = record_content(record)
+        if content in texts or len(kept) + len(added) >= limit:
+            continue
+        rid, n = str(record["id"]), 1
+        while rid in ids:
+            rid, n = f"{record['id']}~{n}", n + 1
+        texts.add(content)
+        ids.add(rid)
+        added.append({**record, "id": rid})
+    if added:
+        model.retain_records = [*kept, *added]
+        audit_log.append(session, model.tenant, "model.retain_added", model.id,
+                         {"request_id": request_id, "added": len(added)})
+    return len(added)
+
+
 def new_job(tenant: str, model: Model, spec: JobSpec, *, request_id: str, base_version: int,
             forget: list[dict], retain: list[dict] | None, max_attempts: int, kind: str = "unlearning",
             follows_head: bool = False, requested: dict | None = None, holdout: list[dict] | None = None,
-            audit_options: dict | None = None, mcu_options: dict | None = None) -> Job:
+            audit_options: dict | None = None, mcu_options: dict | None = None, coalesce: bool = True) -> Job:
     """A QUEUED job: the checked specification it runs (`spec`, stored canonical), the request's own parameters
     (`requested`, kept as asked) and the records, of which only the evidence outlives the job."""
     return Job(id=new_id("job"), tenant=tenant, kind=kind, model_id=model.id, base_version=base_version,
@@ -71,7 +95,7 @@ def new_job(tenant: str, model: Model, spec: JobSpec, *, request_id: str, base_v
                params=requested or {}, spec=spec.stored(), state="QUEUED", forget_records=forget,
                forget_evidence=forget_evidence(forget), retain_records=retain, holdout_records=holdout, progress={},
                attempt=0, max_attempts=max_attempts, cancel_requested=False, audit_options=audit_options,
-               mcu_options=mcu_options)
+               mcu_options=mcu_options, coalesce=coalesce)
 
 
 # Advisory lock classes of per-tenant counts that a check and an insert must see alike (the audit log's is 7310001).
@@ -143,6 +167,7 @@ def job_view(job: Job) -> dict:
         "created_at": job.created_at, "started_at": job.started_at, "ended_at": job.ended_at,
         "error": job.error, "result": job.result,
         "forget": {k: job.forget_evidence[k] for k in ("count", "manifest_sha256")},
+        "run_id": job.run_id, "coalesce": job.coalesce,
     }
 
 

@@ -18,6 +18,7 @@ from sqlalchemy import (
     TypeDecorator,
     UniqueConstraint,
     false,
+    true,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
@@ -77,6 +78,9 @@ class Model(Base):
     format: Mapped[str] = mapped_column(String(16), default="plain", server_default="plain")
     # Once an erasure succeeds, retire every served version that lacks an erasure (issue 26).
     retire_predecessors: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    # The version every erasure's retain term keeps the model close to (issue 28): fixed over the lineage, so that
+    # drift does not compound request after request. None: the root (version 1).
+    anchor_version: Mapped[int | None] = mapped_column(Integer, nullable=True)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
 
 
@@ -136,6 +140,10 @@ class Job(Base):
     # The broker queue the job was routed to (lethe.service.domain.capacity); None: the service's default queue.
     queue: Mapped[str | None] = mapped_column(String(128), nullable=True)
     cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
+    # Coalescing (issue 28): whether the request may join a run with other queued requests of its model, and the run
+    # it was part of (the leading job's id; None: it ran alone).
+    coalesce: Mapped[bool] = mapped_column(Boolean, default=True, server_default=true())
+    run_id: Mapped[str | None] = mapped_column(String(40), nullable=True, index=True)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
     started_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
     ended_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)

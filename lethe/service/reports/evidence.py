@@ -125,6 +125,8 @@ def build_report(job: Job, result: UnlearnResult, audit: dict, base: ModelVersio
             "new_version": {"number": new.number, "manifest_sha256": new.manifest_sha256} if new else None,
             "method": job.method, "preset": job.preset, "parameters": result.params, "seed": result.seed,
             "versions": result.versions, "worker": worker, "device": result.device,
+            # what the retain term kept the model close to (issue 28): a fixed version, or the base itself
+            "retain_anchor": result.anchor or f"version {base.number} (the base)",
             "created_at": job.created_at.isoformat(),
             "started_at": job.started_at.isoformat() if job.started_at else None,
         },

@@ -167,7 +167,7 @@ class Masc:
         z, y, _ = M.active_positions(logits, labels)
         if self.params.retain_loss == "kl":
             # Right padding only, so retain's own batch yields the same active rows in the same order.
-            z0, _, _ = M.active_positions(self.trainable.reference_logits(retain), retain.labels)
+            z0, _, _ = M.active_positions(self.trainable.anchor_logits(retain), retain.labels)
             kl = M.masked_kl(z0, z)
             if self.params.keep_weight > 0:
                 return kl + self.params.keep_weight * M.kept_argmax_hinge(z, z0, y, self.params.keep_gap)
