@@ -1,12 +1,28 @@
-"""`make bench-sequential`: the sequential scenario of SPEC section 10. Ten deletion requests in a row
-through the running service (embedded mode: SQLite, filesystem broker, a real worker), each on the
-version the last one produced: mini-TOFU authors 180-199 in pairs. Prints the time per request and the
-drift of model utility and of every earlier forget set's memorisation; writes bench/results/sequential.json."""
+"""`make bench-sequential` (issue 28): a model under a stream of deletion requests, through the running service
+(embedded mode: SQLite, filesystem broker, a real worker process), with the default job (no parameters).
+
+The fixture learns mini-TOFU's 400 QA (authors 180-199) and TOFU's 117 world facts. The model is registered with a
+retain set of the 400 QA and the first 60 world facts; the other 57 world facts are never in a retain set (the
+utility set: knowledge no retain term protects). Two scenarios on two registrations of the same fixture:
+- sequential: ten requests of two authors each (180-181, ..., 198-199), one after the other, each on the version
+  the last one made. After every request the new version is downloaded and measured: every erased set so far
+  (greedy exact match, greedy secret leakage), the retain set as it is then (exact match on a seeded sample of
+  100), the utility set (model utility), each beside the base's on the same records.
+- together: the same ten requests submitted at once (coalesced by the service), timed from the first submission
+  to the last job's end, against the first sequential request's time measured in the same run.
+Prints the rows and the issue's checks; writes bench/results/sequential.json and BENCHMARKS.md's block.
+
+`--anchor previous` pins each request's retain anchor to the version it starts from (the behaviour before issue
+28, for comparison: PATCH anchor_version before each request) and writes sequential-anchor-previous.json and a block
+of its own; `--requests N` runs the first N pairs only."""
 from __future__ import annotations
 
+import argparse
 import io
 import json
 import os
+import platform
+import random
 import signal
 import socket
 import subprocess
@@ -19,14 +35,16 @@ from pathlib import Path
 import httpx
 import torch
 
-from bench.mini_tofu import ROOT, fixture, tofu_records
-from lethe.engine.audit.measurements import EvaluationSet, evaluate
+from bench.mini_tofu import ROOT, fixture, tofu_records, update_benchmarks, world_facts
+from lethe.engine.audit.extraction import request_secrets
+from lethe.engine.audit.measurements import EvaluationSet, evaluate, retain_utility, verbatim
 from lethe.engine.model.loading import context_length, load_model
 
 RESULTS = ROOT / "bench" / "results" / "sequential.json"
 PAIRS = [(180 + 2 * i, 181 + 2 * i) for i in range(10)]
-PARAMS = {"max_steps": 2000}
-PRESET = "tofu-llama2"
+AUDIT = {"quantization": False, "relearn": False}  # the audit's other channels run; these two cost the most
+RETAIN_SAMPLE = 100
+COMMAND = "make bench-sequential"
 
 
 def free_port() -> int:
@@ -35,32 +53,42 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def memorisation(model_dir: Path, forget_sets: list[list[dict]], retain: list[dict]) -> dict:
-    model, tokenizer = load_model(model_dir, torch.device("cpu"))
-    length = context_length(model, tokenizer)
-    out = {"forget_rouge_l": []}
-    for records in forget_sets:
-        rs = EvaluationSet(records, tokenizer, length, 0, "forget")
-        out["forget_rouge_l"].append(round(evaluate(model, tokenizer, rs, None, None)["forget_verbatim"]
-                                           ["rouge_l_recall"]["value"], 3))
-    if retain:
-        rs = EvaluationSet(retain, tokenizer, length, 0, "retain")
-        dummy = EvaluationSet(retain[:2], tokenizer, length, 0, "forget")
-        out["utility"] = round(
-            evaluate(model, tokenizer, dummy, rs, None)["retain_utility"]["model_utility"]["value"], 3)
-    return out
+class Measurer:
+    """One model's figures on the erased sets, the retain sample and the utility set."""
+
+    def __init__(self, model_dir: Path):
+        self.model, self.tokenizer = load_model(model_dir, torch.device("cpu"))
+        self.length = context_length(self.model, self.tokenizer)
+
+    def evaluation_set(self, records: list[dict], what: str) -> EvaluationSet:
+        return EvaluationSet(records, self.tokenizer, self.length, 0, what)
+
+    def erased(self, records: list[dict], secrets: dict) -> dict:
+        out = evaluate(self.model, self.tokenizer, self.evaluation_set(records, "forget"), None, None,
+                       secrets=secrets, samples=0)
+        return {"exact_match": out["forget_verbatim"]["exact_match"]["value"],
+                "leak_greedy": out["forget_secrets"]["greedy"]["value"],
+                "answers": dict(list(out["forget_verbatim"]["generated"].items())[:3])}
+
+    def retain_exact_match(self, records: list[dict]) -> float:
+        return verbatim(self.model, self.tokenizer, self.evaluation_set(records, "retain"))["exact_match"]["value"]
+
+    def utility(self, records: list[dict]) -> float:
+        return retain_utility(self.model, self.tokenizer, self.evaluation_set(records, "retain"))["model_utility"][
+            "value"]
 
 
-def main() -> None:
-    full = fixture("full", log=lambda line: print(line, file=sys.stderr))
-    work = Path(tempfile.mkdtemp(prefix="lethe-seq-"))
-    port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("LETHE_")}
-    env.update(PYTHONPATH=str(ROOT), LETHE_PORT=str(port), LETHE_IMPORT_ROOTS=json.dumps([str(full.parent)]))
-    server = subprocess.Popen([sys.executable, "-m", "lethe.embedded"], cwd=work, env=env,
-                              stdout=(work / "run.log").open("w"), stderr=subprocess.STDOUT, start_new_session=True)
-    rows = []
-    try:
+class Service:
+    """`lethe.embedded` in a subprocess of its own, on a free port, in a temporary folder."""
+
+    def __init__(self, import_root: Path):
+        self.work = Path(tempfile.mkdtemp(prefix="lethe-seq-"))
+        port = free_port()
+        env = {k: v for k, v in os.environ.items() if not k.startswith("LETHE_")}
+        env.update(PYTHONPATH=str(ROOT), LETHE_PORT=str(port), LETHE_IMPORT_ROOTS=json.dumps([str(import_root)]))
+        self.process = subprocess.Popen([sys.executable, "-m", "lethe.embedded"], cwd=self.work, env=env,
+                                        stdout=(self.work / "run.log").open("w"), stderr=subprocess.STDOUT,
+                                        start_new_session=True)
         base = f"http://127.0.0.1:{port}"
         for _ in range(600):
             try:
@@ -70,44 +98,163 @@ def main() -> None:
                 pass
             time.sleep(0.5)
         time.sleep(5)
-        key = (work / ".lethe" / "admin_key").read_text().strip()
-        client = httpx.Client(base_url=base, headers={"Authorization": f"Bearer {key}"}, timeout=120)
-        everything = tofu_records(range(180, 200))
-        model = client.post("/v1/models", json={"name": "mini-tofu", "source": str(full)}).raise_for_status().json()
-        earlier: list[list[dict]] = []
-        for i, pair in enumerate(PAIRS):
-            forget = tofu_records(range(pair[0], pair[1] + 1))
-            forgotten_ids = {r["id"] for s in earlier + [forget] for r in s}
-            retain = [r for r in everything if r["id"] not in forgotten_ids]
-            started = time.perf_counter()
-            job = client.post("/v1/unlearning-jobs", json={
-                "model_id": model["id"], "request_id": f"seq-{i + 1}", "forget": forget, "retain": retain,
-                "preset": PRESET, "params": PARAMS, "audit": {"quantization": False, "relearn": False}}).json()
-            while job["state"] not in ("SUCCEEDED", "FAILED", "CANCELLED"):
-                time.sleep(1)
-                job = client.get(f"/v1/unlearning-jobs/{job['id']}").json()
-            seconds = time.perf_counter() - started
-            if job["state"] != "SUCCEEDED":
-                raise SystemExit(f"request {i + 1} ended {job['state']}: {job['error']}")
-            number = job["result"]["model_version"]
-            archive = client.get(f"/v1/models/{model['id']}/versions/{number}/archive").raise_for_status()
-            target = work / f"v{number}"
-            with tarfile.open(fileobj=io.BytesIO(archive.content)) as tar:
-                tar.extractall(target, filter="data")
-            earlier.append(forget)
-            measured = memorisation(next(target.iterdir()), earlier, retain[:100])
-            rows.append({"request": i + 1, "authors": list(pair), "version": number, "seconds": round(seconds, 1),
-                         "stop_reason": job["result"]["stop_reason"], "steps": job["result"]["steps"], **measured})
-            print(json.dumps(rows[-1]), flush=True)
-    finally:
-        os.killpg(server.pid, signal.SIGTERM)
+        key = (self.work / ".lethe" / "admin_key").read_text().strip()
+        self.client = httpx.Client(base_url=base, headers={"Authorization": f"Bearer {key}"}, timeout=120)
+
+    def stop(self) -> None:
+        os.killpg(self.process.pid, signal.SIGTERM)
         try:
-            server.wait(timeout=60)
+            self.process.wait(timeout=60)
         except subprocess.TimeoutExpired:
-            os.killpg(server.pid, signal.SIGKILL)
-    RESULTS.write_text(json.dumps({"command": "make bench-sequential", "preset": PRESET, "rows": rows}, indent=2)
-                       + "\n")
-    print(f"written to {RESULTS.relative_to(ROOT)}")
+            os.killpg(self.process.pid, signal.SIGKILL)
+
+    def register(self, name: str, source: Path, retain: list[dict]) -> str:
+        return self.client.post("/v1/models", json={"name": name, "source": str(source), "retain": retain}
+                                ).raise_for_status().json()["id"]
+
+    def submit(self, model: str, request_id: str, forget: list[dict]) -> str:
+        answer = self.client.post("/v1/unlearning-jobs", json={"model_id": model, "request_id": request_id,
+                                                               "forget": forget, "audit": AUDIT})
+        return answer.raise_for_status().json()["id"]
+
+    def wait(self, job_id: str) -> dict:
+        while True:
+            job = self.client.get(f"/v1/unlearning-jobs/{job_id}").json()
+            if job["state"] in ("SUCCEEDED", "FAILED", "CANCELLED"):
+                if job["state"] != "SUCCEEDED":
+                    raise SystemExit(f"job {job_id} ended {job['state']}: {job['error']}")
+                return job
+            time.sleep(1)
+
+    def verdict(self, job_id: str) -> bool:
+        return self.client.get(f"/v1/unlearning-jobs/{job_id}/report").json()["verdict"]["forgotten"]
+
+    def download(self, model: str, number: int) -> Path:
+        archive = self.client.get(f"/v1/models/{model}/versions/{number}/archive").raise_for_status()
+        target = self.work / f"{model}-v{number}"
+        with tarfile.open(fileobj=io.BytesIO(archive.content)) as tar:
+            tar.extractall(target, filter="data")
+        return next(target.iterdir())
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench.bench_sequential")
+    parser.add_argument("--anchor", choices=("default", "previous"), default="default")
+    parser.add_argument("--requests", type=int, default=len(PAIRS))
+    args = parser.parse_args(argv)
+    pairs = PAIRS[:args.requests]
+    name = "sequential" if args.anchor == "default" else "sequential-anchor-previous"
+    command = COMMAND if args.anchor == "default" and args.requests == len(PAIRS) else \
+        f"python -m bench.bench_sequential {' '.join(argv if argv is not None else sys.argv[1:])}"
+    source = fixture("sequential", log=lambda line: print(line, file=sys.stderr))
+    tofu, facts = tofu_records(range(180, 200)), world_facts()
+    kept_facts, utility_set = facts[:60], facts[60:]
+    sets = [tofu_records(range(a, b + 1)) for a, b in pairs]
+    erased_ids = lambda upto: {r["id"] for s in sets[:upto] for r in s}  # noqa: E731
+    secrets = [request_secrets(s, [r for r in tofu if r["id"] not in {x["id"] for x in s}]) for s in sets]
+    base = Measurer(source)
+    base_erased = [base.erased(s, secrets[i]) for i, s in enumerate(sets)]
+    base_utility = base.utility(utility_set)
+    service = Service(source.parent)
+    rows, together = [], {}
+    try:
+        model = service.register("sequential", source, tofu + kept_facts)
+        after_own: list[dict] = []
+        for i, pair in enumerate(pairs):
+            if args.anchor == "previous":  # the version this request starts from: the head
+                head = service.client.get(f"/v1/models/{model}").json()["latest_version"]
+                service.client.patch(f"/v1/models/{model}", json={"anchor_version": head}).raise_for_status()
+            started = time.perf_counter()
+            job = service.wait(service.submit(model, f"seq-{i + 1}", sets[i]))
+            seconds = time.perf_counter() - started
+            measured = Measurer(service.download(model, job["result"]["model_version"]))
+            retain_now = [r for r in tofu if r["id"] not in erased_ids(i + 1)] + kept_facts
+            sample = random.Random(i).sample(retain_now, min(RETAIN_SAMPLE, len(retain_now)))
+            earlier = [measured.erased(s, secrets[j]) for j, s in enumerate(sets[:i + 1])]
+            after_own.append(earlier[i])
+            rows.append({
+                "request": i + 1, "authors": list(pair), "version": job["result"]["model_version"],
+                "seconds": round(seconds, 1), "stop_reason": job["result"]["stop_reason"],
+                "steps": job["result"]["steps"], "forgotten": service.verdict(job["id"]),
+                "exact_match": round(earlier[i]["exact_match"], 3), "leak_greedy": round(earlier[i]["leak_greedy"], 3),
+                "earlier_exact_match": [round(e["exact_match"], 3) for e in earlier[:i]],
+                "earlier_leak_greedy": [round(e["leak_greedy"], 3) for e in earlier[:i]],
+                "earlier_regressed": [j + 1 for j, e in enumerate(earlier[:i])
+                                      if e["exact_match"] > after_own[j]["exact_match"]
+                                      or e["leak_greedy"] > after_own[j]["leak_greedy"]],
+                "retain_exact_match": round(measured.retain_exact_match(sample), 3),
+                "base_retain_exact_match": round(base.retain_exact_match(sample), 3),
+                "utility": round(measured.utility(utility_set), 3), "base_utility": round(base_utility, 3),
+                "answers": earlier[i]["answers"]})
+            print(json.dumps({k: v for k, v in rows[-1].items() if k != "answers"}), flush=True)
+
+        model_together = service.register("together", source, tofu + kept_facts)
+        started = time.perf_counter()
+        ids = [service.submit(model_together, f"together-{i + 1}", s) for i, s in enumerate(sets)]
+        jobs = [service.wait(j) for j in ids]
+        seconds = time.perf_counter() - started
+        last = max(j["result"]["model_version"] for j in jobs)
+        measured = Measurer(service.download(model_together, last))
+        final = [measured.erased(s, secrets[j]) for j, s in enumerate(sets)]
+        together = {"seconds": round(seconds, 1), "one_request_seconds": rows[0]["seconds"],
+                    "ratio": round(seconds / rows[0]["seconds"], 2),
+                    "runs": len({j["run_id"] or j["id"] for j in jobs}),
+                    "versions": sorted({j["result"]["model_version"] for j in jobs}),
+                    "forgotten": [service.verdict(j) for j in ids],
+                    "exact_match": [round(e["exact_match"], 3) for e in final],
+                    "leak_greedy": [round(e["leak_greedy"], 3) for e in final],
+                    "retain_exact_match": round(measured.retain_exact_match(kept_facts), 3),
+                    "base_retain_exact_match": round(base.retain_exact_match(kept_facts), 3),
+                    "utility": round(measured.utility(utility_set), 3)}
+        print(json.dumps(together), flush=True)
+    finally:
+        service.stop()
+    checks = {
+        "utility >= 95 % of the base's after every request": all(r["utility"] >= 0.95 * r["base_utility"]
+                                                                 for r in rows),
+        "retain exact match >= 95 % of the base's after every request": all(
+            r["retain_exact_match"] >= 0.95 * r["base_retain_exact_match"] for r in rows),
+        "no earlier set's exact match or leakage above its own erasure's": not any(r["earlier_regressed"]
+                                                                                    for r in rows),
+        "ten together in at most 3x one request's time": together["ratio"] <= 3.0,
+        "each request its own verdict": len(together["forgotten"]) == len(sets),
+    }
+    for name, ok in checks.items():
+        print(f"{'PASS' if ok else 'FAIL'}: {name}")
+    results = RESULTS.with_name(f"{name}.json")
+    results.write_text(json.dumps({"command": command, "machine": f"{platform.machine()}, CPU",
+                                   "base_erased": base_erased, "rows": rows, "together": together,
+                                   "checks": checks}, indent=2) + "\n")
+    update_benchmarks(name, table(rows, together, checks, command))
+    print(f"written to {results.relative_to(ROOT)} and BENCHMARKS.md")
+
+
+def table(rows: list[dict], together: dict, checks: dict, command: str) -> str:
+    lines = [f"### Requests in a row, then all at once: `{command}`", "",
+             f"Measured on {platform.machine()} (2 threads), CPU; raw figures and three answers per request in "
+             "`bench/results/sequential.json`. Default job (no parameters), audit without quantisation and "
+             "relearning. Retain EM: a seeded sample of 100 of the model's retain set at that point, beside the "
+             "base's on the same sample; utility: model utility on 57 world facts never in a retain set.", "",
+             "| request | authors | s | stop | steps | verdict | EM | leak | worst earlier EM | worst earlier leak "
+             "| earlier sets above their own erasure | retain EM (base) | utility (base) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        worst_em = max(r["earlier_exact_match"], default=None)
+        worst_leak = max(r["earlier_leak_greedy"], default=None)
+        lines.append(f"| {r['request']} | {r['authors'][0]}-{r['authors'][1]} | {r['seconds']} | {r['stop_reason']} "
+                     f"| {r['steps']} | {'Forgotten' if r['forgotten'] else 'Not established'} | {r['exact_match']} "
+                     f"| {r['leak_greedy']} | {'' if worst_em is None else worst_em} "
+                     f"| {'' if worst_leak is None else worst_leak} | {r['earlier_regressed'] or 'none'} "
+                     f"| {r['retain_exact_match']} ({r['base_retain_exact_match']}) "
+                     f"| {r['utility']} ({r['base_utility']}) |")
+    t = together
+    lines += ["", f"Ten at once: {t['seconds']} s against {t['one_request_seconds']} s for one request "
+              f"(ratio {t['ratio']}), {t['runs']} run(s), versions {t['versions']}; verdicts "
+              f"{sum(t['forgotten'])}/{len(t['forgotten'])} Forgotten; EM per set {t['exact_match']}, leak "
+              f"{t['leak_greedy']}; retain EM on the kept world facts {t['retain_exact_match']} (base "
+              f"{t['base_retain_exact_match']}); utility {t['utility']}.", ""]
+    lines += [f"- {'PASS' if ok else 'FAIL'}: {name}" for name, ok in checks.items()]
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -33,16 +33,33 @@ def tofu_records(authors: range) -> list[dict]:
     return records
 
 
+def world_facts() -> list[dict]:
+    """TOFU's world facts (117 QA) as records: the sequential benchmark's fixture also learns them, and half of
+    them, never in a retain set, measure collateral damage on knowledge that no retain term protects."""
+    records = []
+    with (TOFU.parent / "world_facts.jsonl").open() as rows:
+        for line in rows:
+            row = json.loads(line)
+            records.append({"id": f"world-{row['id']}", "prompt": f"Question: {row['question']}\nAnswer: ",
+                            "completion": row["full_answer"]})
+    return records
+
+
 def splits() -> dict[str, list[dict]]:
     return {"forget": tofu_records(range(198, 200)), "retain": tofu_records(range(180, 198))}
 
 
 def fixture(name: str = "full", log=print) -> Path:
-    """The cached "full" (all 400 QA) or "retain" (the 360 of authors 180-197) fixture, built on first use."""
-    authors = {"full": range(180, 200), "retain": range(180, 198)}[name]
+    """The cached "full" (all 400 QA) or "retain" (the 360 of authors 180-197) fixture, or "sequential" (the 400 QA
+    and the 117 world facts, make bench-sequential's), built on first use."""
+    authors = {"full": range(180, 200), "retain": range(180, 198), "sequential": range(180, 200)}[name]
     out = CACHE / f"mini-tofu-{name}"
     if not (out / "lethe_fixture.json").exists():
         log(f"building the mini-TOFU {name!r} fixture in {out} (minutes; cached afterwards)")
+        if name == "sequential":
+            records = tofu_records(authors) + world_facts()
+            build_fixture(records, out, MINI_TOFU, log=log)
+            return out
         # One tokenizer for both fixtures (trained on all 400 QA), so that their token ids agree.
         build_fixture(tofu_records(authors), out, MINI_TOFU, log=log, tokenizer_records=tofu_records(range(180, 200)))
     return out
