@@ -140,6 +140,9 @@ class FixedTrainable:
     def reference_logits(self, batch):
         return self.z0
 
+    def anchor_logits(self, batch):  # no anchor: the retain term's reference is pi_0, as in TrainableModel
+        return self.z0
+
 
 def test_content_masc_loss_by_loop():
     """The hinge at tau_content on content and loop tokens, at tau on a whole record's, none on the template's, its
