@@ -219,8 +219,8 @@ def main(argv: list[str] | None = None) -> None:
         "ten together in at most 3x one request's time": together["ratio"] <= 3.0,
         "each request its own verdict": len(together["forgotten"]) == len(sets),
     }
-    for name, ok in checks.items():
-        print(f"{'PASS' if ok else 'FAIL'}: {name}")
+    for check, ok in checks.items():
+        print(f"{'PASS' if ok else 'FAIL'}: {check}")
     results = RESULTS.with_name(f"{name}.json")
     results.write_text(json.dumps({"command": command, "machine": f"{platform.machine()}, CPU",
                                    "base_erased": base_erased, "rows": rows, "together": together,
@@ -253,7 +253,7 @@ def table(rows: list[dict], together: dict, checks: dict, command: str) -> str:
               f"{sum(t['forgotten'])}/{len(t['forgotten'])} Forgotten; EM per set {t['exact_match']}, leak "
               f"{t['leak_greedy']}; retain EM on the kept world facts {t['retain_exact_match']} (base "
               f"{t['base_retain_exact_match']}); utility {t['utility']}.", ""]
-    lines += [f"- {'PASS' if ok else 'FAIL'}: {name}" for name, ok in checks.items()]
+    lines += [f"- {'PASS' if ok else 'FAIL'}: {check}" for check, ok in checks.items()]
     return "\n".join(lines)
 
 
