@@ -24,6 +24,7 @@ class Model(Typed):
     latest_version: int | None
     created_at: datetime
     retire_predecessors: bool = False
+    utility_count: int = 0
     anchor_version: int = 1
 
 

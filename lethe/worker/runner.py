@@ -225,7 +225,8 @@ def _audit(work: Work, model, tokenizer, source: str, store: ArtifactStore, tmp:
         params = work.spec.params
         return run_audit(source, model, tokenizer, work.inputs, options=work.audit_options,
                          reference_source=str(reference) if reference else None,
-                         seed=params.seed if params else 0, max_length=params.max_length if params else 0)
+                         seed=params.seed if params else 0, max_length=params.max_length if params else 0,
+                         utility=without_forget(work.utility, work.forget)[0])  # an erased record is no utility
     except Exception as exc:
         log.exception("audit failed")
         return {"error": f"{type(exc).__name__}: {exc}"[:2000]}

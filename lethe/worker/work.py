@@ -106,6 +106,7 @@ class Work:
     curve_to: tuple[int, str] | None = None  # a connectivity job's end version and its location
     members: list[Member] = field(default_factory=list)  # a coalesced run's requests, the leader first; [] alone
     anchor: tuple[int, str] | None = None  # the retain term's fixed version and its location; None: the base itself
+    utility: list[dict] = field(default_factory=list)  # the model's utility set: measured by the audit, never trained
 
     @cached_property
     def inputs(self) -> RunInputs:
@@ -172,6 +173,7 @@ def read_work(session: Session, job: Job) -> Work | None:
     work.base, work.parent = base.location, base.number
     work.reference = _reference_location(session, model, reference)
     work.anchor = _anchor(session, model, base)
+    work.utility = model.utility_records or []
     work.card = dict(model=model.name, source=model.source, parent=base.number, job=job.id,
                      erased=[*base.erased_request_ids, job.request_id])
     if job.mcu_options:

@@ -10,7 +10,7 @@ import time
 import torch
 
 from lethe.engine.audit.extraction import DEFAULT_SAMPLES, greedy_leaks, request_secrets, secret_priors, secret_sources
-from lethe.engine.audit.measurements import ATTACKS, EvaluationSet, evaluate, verbatim
+from lethe.engine.audit.measurements import ATTACKS, EvaluationSet, evaluate, retain_utility, verbatim
 from lethe.engine.audit.metrics import unavailable
 from lethe.engine.audit.metrics.degeneration import answer_perplexity
 from lethe.engine.audit.metrics.privacy import muse_auc, privleak
@@ -19,8 +19,11 @@ from lethe.engine.audit.metrics.text import generation_metrics
 from lethe.engine.audit.quantize import quantized_copy
 from lethe.engine.audit.relearn import relearning_probe
 from lethe.engine.audit.verdict import per_record_at, union
+from lethe.engine.contract.chat_format import render
 from lethe.engine.contract.errors import EngineInputError
+from lethe.engine.contract.record_checks import normalise_records
 from lethe.engine.data.counterfactual import shared_template
+from lethe.engine.data.documents import split_documents
 from lethe.engine.data.inputs import RunInputs
 from lethe.engine.data.tokenised import TokenisedInputs
 from lethe.engine.model.loading import context_length, load_model
@@ -31,6 +34,7 @@ from lethe.engine.model.loading import context_length, load_model
 DEFAULT_OPTIONS = {"quantization": True, "relearn": True, "examples": False, "secret_samples": DEFAULT_SAMPLES,
                    "secret_greedy_max": 0.0, "secret_sampled_max": 0.0}
 RETAIN_LIMIT = 100  # utility is measured on a seeded sample of at most this many retain records
+UTILITY_LIMIT = 200  # the utility set is measured on a seeded sample of at most this many records
 PRIOR_LIMIT = 2000  # the samples' floor (a share of retain answers) is read from a seeded sample of this many
 
 
@@ -48,6 +52,27 @@ def _sets(tokenizer, tokens: TokenisedInputs, seed: int, max_length: int, retain
     return (make(tokens.forget, tokens.records("forget"), "forget"),
             make([r for r, _ in sample], [e for _, e in sample], "retain"),
             make(tokens.holdout, tokens.records("holdout"), "holdout"))
+
+
+def _utility_set(tokenizer, utility: list[dict] | None, format: str, seed: int,
+                 max_length: int) -> EvaluationSet | None:
+    """The utility records as the run's records are shown to the model (normalised, its format, long documents as
+    windows), a seeded sample of UTILITY_LIMIT; None without any."""
+    if not utility:
+        return None
+    records = split_documents(render(normalise_records(utility, "utility"), tokenizer, format, "utility"), tokenizer,
+                              max_length, "utility")
+    return EvaluationSet(_sample(records, UTILITY_LIMIT, seed), tokenizer, max_length, seed, "utility")
+
+
+def _utility_change(before: dict, after: dict) -> dict:
+    """Model utility (harmonic mean of answer probability, ROUGE-L recall and, where the records have its fields,
+    the truth ratio) on the utility set, after beside before, and each component's pair."""
+    value, base_value = after["model_utility"]["value"], before["model_utility"]["value"]
+    return {"value": value, "base_value": base_value, "change": value - base_value, "per_record": {},
+            "components": {name: {"value": after[name]["value"], "base_value": before[name]["value"]}
+                           for name in ("probability", "rouge_l_recall", "truth_ratio")
+                           if after[name].get("value") is not None}}
 
 
 def _strip(evaluation: dict, examples: bool) -> dict:
@@ -68,9 +93,12 @@ def _perplexity_under(model, evaluation: dict, pad_id: int) -> None:
 
 
 def run_audit(base_source: str, new_model, tokenizer, inputs: RunInputs, *, options: dict | None = None,
-              reference_source: str | None = None, seed: int = 0, device=None, max_length: int = 0) -> dict:
+              reference_source: str | None = None, seed: int = 0, device=None, max_length: int = 0,
+              utility: list[dict] | None = None) -> dict:
     """The request's records as the unlearning read them (`inputs`: its format too); `max_length`: the unlearning's
-    (0: the model's context), so that long documents make the same windows."""
+    (0: the model's context), so that long documents make the same windows. `utility`: records no run trains on
+    (the model's utility set, issue 28), measured on the new version and on the base: the erasure's collateral
+    damage on what no retain term protects."""
     options = {**DEFAULT_OPTIONS, **(options or {})}
     started = time.perf_counter()
     context = context_length(new_model, tokenizer, max_length)
@@ -88,6 +116,8 @@ def run_audit(base_source: str, new_model, tokenizer, inputs: RunInputs, *, opti
 
     t0 = time.perf_counter()
     after = evaluate(new_model, tokenizer, *sets, **extraction)
+    utility_set = _utility_set(tokenizer, utility, inputs.format, seed, context)
+    utility_after = retain_utility(new_model, tokenizer, utility_set) if utility_set else None
     timings["new_version"] = time.perf_counter() - t0
     report = {"options": options, "sets": {"forget": len(forget),
                                            "retain_measured": len(sets[1].main) if sets[1] else 0,
@@ -122,6 +152,7 @@ def run_audit(base_source: str, new_model, tokenizer, inputs: RunInputs, *, opti
     t0 = time.perf_counter()
     base, _ = load_model(base_source, device)
     before = evaluate(base, tokenizer, *sets, **extraction)
+    utility_before = retain_utility(base, tokenizer, utility_set) if utility_set else None
     _perplexity_under(base, after, tokenizer.pad_token_id)
     _perplexity_under(base, before, tokenizer.pad_token_id)
     if "quantization" in report:  # the 4-bit probe's "before": the base's own 4-bit copy
@@ -153,6 +184,9 @@ def run_audit(base_source: str, new_model, tokenizer, inputs: RunInputs, *, opti
                                        for name, figure in reference_figures(reference).items()}
         timings["reference"] = time.perf_counter() - t0
     report["forget_quality"] = _forget_quality(before, after, reference)
+    report["utility_set"] = {**_utility_change(utility_before, utility_after), "records": len(utility_set.main)} \
+        if utility_set and utility_before is not None and utility_after is not None \
+        else unavailable("no utility records registered for this model")
     report["privleak"] = _privleak(after, reference, sets[2] is not None)
     report["before"] = _strip(before, options["examples"])
     report["after"] = _strip(after, options["examples"])

@@ -36,7 +36,8 @@ def model_out(session: Session, model: Model) -> dict:
     """A model as the API shows it: its retain set by count, its head version by number."""
     return {"id": model.id, "name": model.name, "source": model.source, "format": model.format,
             "description": model.description,
-            "retain_count": len(model.retain_records or []), "retire_predecessors": model.retire_predecessors,
+            "retain_count": len(model.retain_records or []), "utility_count": len(model.utility_records or []),
+            "retire_predecessors": model.retire_predecessors,
             "anchor_version": model.anchor_version or 1,
             "latest_version": getattr(lineage.head_version(session, model), "number", None),
             "created_at": model.created_at}
@@ -58,11 +59,12 @@ def create_model(body: ModelCreate, request: Request, who: Principal = Depends(r
     files are copied into the store as version 1."""
     def create():
         retain = normalise_records(body.retain, "retain") if body.retain is not None else None
+        utility = normalise_records(body.utility, "utility") if body.utility is not None else None
         if session.scalar(select(Model).where(Model.tenant == who.tenant, Model.name == body.name)):
             raise Problem(409, "conflict", "Conflict", f"a model named {body.name!r} exists")
         model = Model(id=new_id("mdl"), tenant=who.tenant, name=body.name, source=body.source,
-                      description=body.description, retain_records=retain, format=check_format(body.format),
-                      retire_predecessors=body.retire_predecessors)
+                      description=body.description, retain_records=retain, utility_records=utility,
+                      format=check_format(body.format), retire_predecessors=body.retire_predecessors)
         location = f"models/{model.id}/v1"
         artifacts = store()
         try:
@@ -128,8 +130,9 @@ def _version(session, who, model_id, number: str, served: bool = True) -> ModelV
 def update_model(model_id: str, body: ModelUpdate, who: Principal = Depends(require("models:write")),
                  session: Session = INJECTED):
     """Change a model's settings (retire_predecessors; anchor_version, a version whose files are kept, null for the
-    root); audited."""
+    root; the utility set); audited."""
     model = lineage.get_model(session, who.tenant, model_id)
+    utility = normalise_records(body.utility, "utility", allow_empty=True) if body.utility is not None else None
     if body.retire_predecessors is not None and body.retire_predecessors != model.retire_predecessors:
         model.retire_predecessors = body.retire_predecessors
         audit_log.append(session, who.tenant, "model.updated", model.id,
@@ -139,6 +142,9 @@ def update_model(model_id: str, body: ModelUpdate, who: Principal = Depends(requ
             lineage.get_version(session, model, body.anchor_version, (lineage.SERVED, lineage.RETIRED))
         model.anchor_version = body.anchor_version
         audit_log.append(session, who.tenant, "model.updated", model.id, {"anchor_version": body.anchor_version})
+    if utility is not None:
+        model.utility_records = utility or None
+        audit_log.append(session, who.tenant, "model.updated", model.id, {"utility_count": len(utility)})
     return model_out(session, model)
 
 

@@ -43,6 +43,9 @@ class ModelCreate(Strict):
     source: str = Field(min_length=1, max_length=4096, pattern=r"^[^\x00-\x1f\x7f]+$",
                         description="local path | hf:org/name | s3://...")
     retain: list[Record] | None = None
+    utility: list[Record] | None = Field(default=None, description=(
+        "records the model should keep answering that no erasure trains on (unlike retain): every erasure's audit "
+        "measures model utility on them before and after (utility_set), the damage no retain term prevents"))
     description: str | None = Field(default=None, max_length=10_000, pattern=PROSE)
     format: str = Field(default="plain", max_length=16, json_schema_extra={"enum": list(FORMATS)}, description=(
         "how its jobs show records to the model unless a job says otherwise: \"plain\" (prompt + completion as "
@@ -57,6 +60,8 @@ class ModelUpdate(Strict):
     anchor_version: int | None = Field(default=None, ge=1, le=MAX_VERSION, description=(
         "the version every erasure's retain term keeps the model close to on the retain records, fixed over the "
         "lineage so that drift does not compound request after request; null: the root (version 1, the default)"))
+    utility: list[Record] | None = Field(default=None, description="the utility set in place of the one stored "
+                                         "(see ModelCreate.utility; [] removes it)")
 
 
 class ModelOut(BaseModel):
@@ -66,6 +71,7 @@ class ModelOut(BaseModel):
     format: str
     description: str | None
     retain_count: int
+    utility_count: int  # records in its utility set (ModelCreate.utility)
     retire_predecessors: bool
     anchor_version: int  # the retain term's fixed reference (1: the root)
     latest_version: int | None

@@ -51,12 +51,18 @@ def without_forget(records: list[dict] | None, forget: list[dict]) -> tuple[list
 
 def prune_model_retain(session: Session, model: Model, forget: list[dict], request_id: str) -> int:
     """After an erasure succeeded: the model's registered retain set loses the records it erased (audited, by
-    count), so no later job trains them to be kept. How many went."""
+    count), so no later job trains them to be kept, and its utility set too, so that no audit counts answering them
+    as utility. How many retain records went."""
     kept, removed = without_forget(model.retain_records, forget)
     if removed:
         model.retain_records = kept
         audit_log.append(session, model.tenant, "model.retain_pruned", model.id,
                          {"request_id": request_id, "removed": removed})
+    useful, unused = without_forget(model.utility_records, forget)
+    if unused:
+        model.utility_records = useful or None
+        audit_log.append(session, model.tenant, "model.utility_pruned", model.id,
+                         {"request_id": request_id, "removed": unused})
     return removed
 
 

@@ -74,6 +74,8 @@ class Model(Base):
     source: Mapped[str] = mapped_column(Text)
     description: Mapped[str | None] = mapped_column(Text, nullable=True)
     retain_records: Mapped[list | None] = mapped_column(JSON, nullable=True)
+    # Records no run trains on, measured before and after each erasure: its collateral damage (issue 28).
+    utility_records: Mapped[list | None] = mapped_column(JSON, nullable=True)
     # How its jobs show records to it by default: "plain" or "chat" (its tokenizer's template; issue 14).
     format: Mapped[str] = mapped_column(String(16), default="plain", server_default="plain")
     # Once an erasure succeeds, retire every served version that lacks an erasure (issue 26).

@@ -59,6 +59,9 @@ def render_report(report: dict) -> str:
         ("forget truth-ratio score", ("forget_truth_ratio",)),
         ("model utility (retain)", ("retain_utility", "model_utility")),
         ("MIA AUC (LOSS)", ("membership", "loss")), ("MIA AUC (Min-K%++)", ("membership", "min_k_pp")))]
+    utility = audit.get("utility_set") or {}
+    if utility.get("value") is not None:  # the model's utility set (issue 28): trained by no run
+        metric_rows.append(("model utility (utility set)", utility.get("base_value"), utility["value"]))
     bounds = [r["log10_bound"] for r in (report.get("bound") or {}).get("per_record", [])]
     quant = audit.get("quantization")
     relearn = audit.get("relearning", {})

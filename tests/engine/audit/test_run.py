@@ -167,3 +167,36 @@ def test_extraction_and_degeneration_sections(audited):
         assert 0 <= section["loop_share"]["value"] <= 1 and section["perplexity_under_base"]["value"] >= 1
     assert audited["before"]["degeneration"]["forget"]["loop_share"]["value"] == 0  # the base says its records
     assert "answers" not in audited["after"] and "tokens" not in audited["after"]["forget_verbatim"]
+
+
+def test_the_utility_set_is_measured_before_and_after(fixture_model, forget_records, retain_records):
+    """The model's utility set (issue 28): model utility on records no run trains on, on the new version beside the
+    base, each figure the one the metric gives on those records alone; without one the section says why."""
+    from lethe.engine.audit.measurements import EvaluationSet, retain_utility
+    from lethe.engine.audit.metrics import harmonic_mean
+    from lethe.engine.model.loading import context_length
+
+    base, tokenizer = load_model(fixture_model, torch.device("cpu"))
+    damaged, _ = load_model(fixture_model, torch.device("cpu"))
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():  # a version that lost some of what it knew
+        for p in damaged.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=generator))
+    utility = retain_records[:6]
+    inputs = RunInputs.of(forget_records, retain_records[6:])
+    options = {"relearn": False, "quantization": False}
+    report = run_audit(str(fixture_model), damaged, tokenizer, inputs, options=options, utility=utility)
+    section = report["utility_set"]
+
+    def direct(model):
+        records = EvaluationSet(utility, tokenizer, context_length(base, tokenizer), 0, "utility")
+        return retain_utility(model, tokenizer, records)
+
+    assert section["value"] == pytest.approx(direct(damaged)["model_utility"]["value"])
+    assert section["base_value"] == pytest.approx(direct(base)["model_utility"]["value"])
+    assert section["value"] < section["base_value"] and section["change"] == pytest.approx(
+        section["value"] - section["base_value"])
+    parts = [c["value"] for c in section["components"].values()]
+    assert section["value"] == pytest.approx(harmonic_mean(parts))
+    assert run_audit(str(fixture_model), damaged, tokenizer, inputs, options=options)["utility_set"]["reason"] == \
+        "no utility records registered for this model"
