@@ -7,14 +7,16 @@ utility set: knowledge no retain term protects). Two scenarios on two registrati
 - sequential: ten requests of two authors each (180-181, ..., 198-199), one after the other, each on the version
   the last one made. After every request the new version is downloaded and measured: every erased set so far
   (greedy exact match, greedy secret leakage), the retain set as it is then (exact match on a seeded sample of
-  100), the utility set (model utility), each beside the base's on the same records.
+  100), the utility set (model utility), each beside the base's on the same records. The 57 are also the model's
+  utility set in the service, so each job's own audit measures them (`audited_utility`: the new version and the
+  one the request started from).
 - together: the same ten requests submitted at once (coalesced by the service), timed from the first submission
   to the last job's end, against the first sequential request's time measured in the same run.
 Prints the rows and the issue's checks; writes bench/results/sequential.json and BENCHMARKS.md's block.
 
 `--anchor previous` pins each request's retain anchor to the version it starts from (the behaviour before issue
 28, for comparison: PATCH anchor_version before each request) and writes sequential-anchor-previous.json and a block
-of its own; `--requests N` runs the first N pairs only."""
+of its own; `--requests N` runs the first N pairs only (sequential-N-requests.json, its own block too)."""
 from __future__ import annotations
 
 import argparse
@@ -108,9 +110,9 @@ class Service:
         except subprocess.TimeoutExpired:
             os.killpg(self.process.pid, signal.SIGKILL)
 
-    def register(self, name: str, source: Path, retain: list[dict]) -> str:
-        return self.client.post("/v1/models", json={"name": name, "source": str(source), "retain": retain}
-                                ).raise_for_status().json()["id"]
+    def register(self, name: str, source: Path, retain: list[dict], utility: list[dict]) -> str:
+        return self.client.post("/v1/models", json={"name": name, "source": str(source), "retain": retain,
+                                                    "utility": utility}).raise_for_status().json()["id"]
 
     def submit(self, model: str, request_id: str, forget: list[dict]) -> str:
         answer = self.client.post("/v1/unlearning-jobs", json={"model_id": model, "request_id": request_id,
@@ -129,6 +131,11 @@ class Service:
     def verdict(self, job_id: str) -> bool:
         return self.client.get(f"/v1/unlearning-jobs/{job_id}/report").json()["verdict"]["forgotten"]
 
+    def audited_utility(self, job_id: str) -> dict:
+        """The job's own audit of the utility set: the new version beside the one it started from."""
+        section = self.client.get(f"/v1/unlearning-jobs/{job_id}/report").json()["audit"]["utility_set"]
+        return {"after": section.get("value"), "before": section.get("base_value")}
+
     def download(self, model: str, number: int) -> Path:
         archive = self.client.get(f"/v1/models/{model}/versions/{number}/archive").raise_for_status()
         target = self.work / f"{model}-v{number}"
@@ -143,7 +150,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--requests", type=int, default=len(PAIRS))
     args = parser.parse_args(argv)
     pairs = PAIRS[:args.requests]
-    name = "sequential" if args.anchor == "default" else "sequential-anchor-previous"
+    # A comparison or a shorter run writes results and a block of its own, never over the full default run's.
+    name = "sequential" + ("-anchor-previous" if args.anchor == "previous" else "") + \
+        (f"-{len(pairs)}-requests" if len(pairs) != len(PAIRS) else "")
     command = COMMAND if args.anchor == "default" and args.requests == len(PAIRS) else \
         f"python -m bench.bench_sequential {' '.join(argv if argv is not None else sys.argv[1:])}"
     source = fixture("sequential", log=lambda line: print(line, file=sys.stderr))
@@ -158,7 +167,7 @@ def main(argv: list[str] | None = None) -> None:
     service = Service(source.parent)
     rows, together = [], {}
     try:
-        model = service.register("sequential", source, tofu + kept_facts)
+        model = service.register("sequential", source, tofu + kept_facts, utility_set)
         after_own: list[dict] = []
         for i, pair in enumerate(pairs):
             if args.anchor == "previous":  # the version this request starts from: the head
@@ -185,10 +194,11 @@ def main(argv: list[str] | None = None) -> None:
                 "retain_exact_match": round(measured.retain_exact_match(sample), 3),
                 "base_retain_exact_match": round(base.retain_exact_match(sample), 3),
                 "utility": round(measured.utility(utility_set), 3), "base_utility": round(base_utility, 3),
+                "audited_utility": service.audited_utility(job["id"]),
                 "answers": earlier[i]["answers"]})
             print(json.dumps({k: v for k, v in rows[-1].items() if k != "answers"}), flush=True)
 
-        model_together = service.register("together", source, tofu + kept_facts)
+        model_together = service.register("together", source, tofu + kept_facts, utility_set)
         started = time.perf_counter()
         ids = [service.submit(model_together, f"together-{i + 1}", s) for i, s in enumerate(sets)]
         jobs = [service.wait(j) for j in ids]
@@ -225,14 +235,14 @@ def main(argv: list[str] | None = None) -> None:
     results.write_text(json.dumps({"command": command, "machine": f"{platform.machine()}, CPU",
                                    "base_erased": base_erased, "rows": rows, "together": together,
                                    "checks": checks}, indent=2) + "\n")
-    update_benchmarks(name, table(rows, together, checks, command))
+    update_benchmarks(name, table(rows, together, checks, command, results.name))
     print(f"written to {results.relative_to(ROOT)} and BENCHMARKS.md")
 
 
-def table(rows: list[dict], together: dict, checks: dict, command: str) -> str:
+def table(rows: list[dict], together: dict, checks: dict, command: str, results: str) -> str:
     lines = [f"### Requests in a row, then all at once: `{command}`", "",
              f"Measured on {platform.machine()} (2 threads), CPU; raw figures and three answers per request in "
-             "`bench/results/sequential.json`. Default job (no parameters), audit without quantisation and "
+             f"`bench/results/{results}`. Default job (no parameters), audit without quantisation and "
              "relearning. Retain EM: a seeded sample of 100 of the model's retain set at that point, beside the "
              "base's on the same sample; utility: model utility on 57 world facts never in a retain set.", "",
              "| request | authors | s | stop | steps | verdict | EM | leak | worst earlier EM | worst earlier leak "
