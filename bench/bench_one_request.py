@@ -1,0 +1,79 @@
+"""One request of `make bench-sequential` on the engine alone (no service): authors 180-181 erased from the
+sequential fixture, the model's retain set as there (the other 380 QA and 60 world facts), with parameter
+overrides, to compare settings on what issue 28 measures: the erased set's exact match and greedy leakage against
+the collateral (exact match on a seeded 100 of the retain set; model utility on the 57 world facts no retain term
+protects). Prints one JSON line; nothing is written to the repository.
+
+    python -m bench.bench_one_request                                  # the default job
+    python -m bench.bench_one_request --params '{"escalate_after": 0}'  # the forget weight never raised
+    python -m bench.bench_one_request --forget-weight-ceiling 0.1     # raised, but to 0.1 at most (not a parameter:
+                                                                      # the escalation's ceiling, patched here)"""
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import tempfile
+import time
+
+from bench.bench_sequential import Measurer
+from bench.mini_tofu import fixture, tofu_records, world_facts
+from lethe.engine.audit.extraction import request_secrets
+from lethe.engine.methods import get_method
+from lethe.engine.unlearn import run_unlearning
+
+
+def ceiling_at(ceiling: float) -> None:
+    """Every Escalation made from now on stops doubling lambda_forget at `ceiling`."""
+    from lethe.engine.methods.masc import schedule
+
+    made = schedule.Escalation.__init__
+
+    def init(self, patience: int, max_steps: int | None = None, _: float = schedule.Escalation.CEILING) -> None:
+        made(self, patience, max_steps, ceiling)
+
+    schedule.Escalation.__init__ = init  # type: ignore[method-assign]
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench.bench_one_request")
+    parser.add_argument("--params", default="{}", help="MASC parameters as JSON (the default job: none)")
+    parser.add_argument("--forget-weight-ceiling", type=float, default=None,
+                        help="the escalation's ceiling for lambda_forget (the engine's is 1)")
+    args = parser.parse_args(argv)
+    overrides = json.loads(args.params)
+    if args.forget_weight_ceiling is not None:
+        ceiling_at(args.forget_weight_ceiling)
+    source = fixture("sequential", log=lambda line: print(line, file=sys.stderr))
+    tofu, facts = tofu_records(range(180, 200)), world_facts()
+    kept, utility_set = facts[:60], facts[60:]
+    forget = tofu_records(range(180, 182))
+    erased = {r["id"] for r in forget}
+    retain = [r for r in tofu if r["id"] not in erased] + kept
+    secrets = request_secrets(forget, [r for r in tofu if r["id"] not in erased])
+    started = time.perf_counter()
+    outcome = run_unlearning(str(source), forget, retain, params=get_method("masc").parse(overrides))
+    seconds = time.perf_counter() - started
+    result = outcome.result.as_dict()
+    sample = random.Random(0).sample(retain, 100)
+    base = Measurer(source)
+    with tempfile.TemporaryDirectory() as folder:
+        outcome.model.save_pretrained(folder)
+        outcome.tokenizer.save_pretrained(folder)
+        after = Measurer(folder)
+        own = after.erased(forget, secrets)
+        print(json.dumps({
+            "params": overrides, "forget_weight_ceiling": args.forget_weight_ceiling,
+            "seconds": round(seconds, 1), "stop_reason": result["stop_reason"],
+            "steps": result["steps"], "escalations": result.get("escalations", []),
+            "records_meeting": sum(r["meets_condition"] for r in result.get("per_record") or []),
+            "exact_match": own["exact_match"], "leak_greedy": own["leak_greedy"],
+            "retain_exact_match": after.retain_exact_match(sample), "base_retain_exact_match":
+                base.retain_exact_match(sample),
+            "utility": round(after.utility(utility_set), 3), "base_utility": round(base.utility(utility_set), 3),
+            "answers": own["answers"]}))
+
+
+if __name__ == "__main__":
+    main()
