@@ -116,7 +116,11 @@ def run_audit(base_source: str, new_model, tokenizer, inputs: RunInputs, *, opti
 
     t0 = time.perf_counter()
     after = evaluate(new_model, tokenizer, *sets, **extraction)
-    utility_set = _utility_set(tokenizer, utility, inputs.format, seed, context)
+    try:
+        utility_set = _utility_set(tokenizer, utility, inputs.format, seed, context)
+        utility_missing = "no utility records registered for this model"
+    except EngineInputError as exc:  # one record the model cannot be asked costs this figure, not the audit
+        utility_set, utility_missing = None, f"the utility set could not be measured: {exc}"
     utility_after = retain_utility(new_model, tokenizer, utility_set) if utility_set else None
     timings["new_version"] = time.perf_counter() - t0
     report = {"options": options, "sets": {"forget": len(forget),
@@ -186,7 +190,7 @@ def run_audit(base_source: str, new_model, tokenizer, inputs: RunInputs, *, opti
     report["forget_quality"] = _forget_quality(before, after, reference)
     report["utility_set"] = {**_utility_change(utility_before, utility_after), "records": len(utility_set.main)} \
         if utility_set and utility_before is not None and utility_after is not None \
-        else unavailable("no utility records registered for this model")
+        else unavailable(utility_missing)
     report["privleak"] = _privleak(after, reference, sets[2] is not None)
     report["before"] = _strip(before, options["examples"])
     report["after"] = _strip(after, options["examples"])

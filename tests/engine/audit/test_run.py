@@ -200,3 +200,8 @@ def test_the_utility_set_is_measured_before_and_after(fixture_model, forget_reco
     assert section["value"] == pytest.approx(harmonic_mean(parts))
     assert run_audit(str(fixture_model), damaged, tokenizer, inputs, options=options)["utility_set"]["reason"] == \
         "no utility records registered for this model"
+    # A record the model cannot be asked (its answer longer than the context) costs the figure, not the audit.
+    too_long = [{"id": "long", "prompt": "Q:", "completion": " ".join(["word"] * 5000)}]
+    report = run_audit(str(fixture_model), damaged, tokenizer, inputs, options=options, utility=too_long)
+    assert report["utility_set"]["value"] is None and "utility record" in report["utility_set"]["reason"]
+    assert report["after"]["forget_verbatim"]["exact_match"]["value"] is not None
