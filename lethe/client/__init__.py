@@ -108,9 +108,10 @@ class Client:
 
     def register_model(self, name: str, source: str, *, retain: list[dict] | None = None,
                        description: str | None = None, format: str = "plain",
-                       retire_predecessors: bool = False) -> Model:
+                       retire_predecessors: bool = False, utility: list[dict] | None = None) -> Model:
+        """`utility`: records no erasure trains on, which every erasure's audit measures before and after."""
         body = {"name": name, "source": source, "retain": retain, "description": description, "format": format,
-                "retire_predecessors": retire_predecessors}
+                "retire_predecessors": retire_predecessors, "utility": utility}
         return Model.model_validate(self._json("POST", "/v1/models", json={k: v for k, v in body.items()
                                                                             if v is not None},
                                                headers={"Idempotency-Key": idempotency_key("model:" + name)}))
@@ -133,9 +134,12 @@ class Client:
     def version(self, model_id: str, number: int | str = "latest") -> Version:
         return Version.model_validate(self._json("GET", f"/v1/models/{model_id}/versions/{number}"))
 
-    def update_model(self, model_id: str, *, retire_predecessors: bool) -> Model:
+    def update_model(self, model_id: str, *, retire_predecessors: bool | None = None,
+                     utility: list[dict] | None = None) -> Model:
+        """Change what is given: retire_predecessors, the utility set ([] removes it)."""
+        body = {"retire_predecessors": retire_predecessors, "utility": utility}
         return Model.model_validate(self._json("PATCH", f"/v1/models/{model_id}",
-                                               json={"retire_predecessors": retire_predecessors}))
+                                               json={k: v for k, v in body.items() if v is not None}))
 
     def retire(self, model_id: str, number: int) -> Version:
         """Stop serving a version (downloads answer 410); its files stay stored. Not the head."""

@@ -360,12 +360,14 @@ def models_list(as_json: JsonFlag = False) -> None:
 def models_register(name: str, source: Annotated[str, typer.Argument(help="a folder under an import root, "
                                                                           "hf:org/name, or s3://...")],
                     retain: Annotated[Path | None, typer.Option(help="the model's retain records")] = None,
+                    utility: Annotated[Path | None, typer.Option(
+                        help="records no erasure trains on, measured by every erasure's audit")] = None,
                     format: Annotated[str, typer.Option(help="plain or chat (its tokenizer's template)")] = "plain",
                     description: Annotated[str | None, typer.Option()] = None, as_json: JsonFlag = False) -> None:
     """Register a lineage root: its files become version 1."""
     with answered():
         model = connect().register_model(name, source, retain=records(retain), description=description,
-                                        format=format)
+                                        format=format, utility=records(utility))
     out(dump(model), as_json, f"{model.id}  {model.name}")
 
 
@@ -403,14 +405,19 @@ def models_purge(model: str, version: int,
 
 
 @models_app.command("settings")
-def models_settings(model: str, retire_predecessors: Annotated[bool, typer.Option(
+def models_settings(model: str, retire_predecessors: Annotated[bool | None, typer.Option(
         "--retire-predecessors/--keep-predecessors",
-        help="once an erasure succeeds, retire the served versions that lack it")], as_json: JsonFlag = False) -> None:
-    """Change a model's settings."""
+        help="once an erasure succeeds, retire the served versions that lack it")] = None,
+        utility: Annotated[Path | None, typer.Option(
+            help="records in place of its utility set (an empty file removes it)")] = None,
+        as_json: JsonFlag = False) -> None:
+    """Change a model's settings: what is given changes, the rest stays."""
     client = connect()
     with answered():
-        found = client.update_model(client.model(model).id, retire_predecessors=retire_predecessors)
-    out(dump(found), as_json, f"{found.name}: retire_predecessors={found.retire_predecessors}")
+        found = client.update_model(client.model(model).id, retire_predecessors=retire_predecessors,
+                                    utility=records(utility) if utility else None)
+    out(dump(found), as_json, f"{found.name}: retire_predecessors={found.retire_predecessors} "
+                              f"utility_count={found.utility_count}")
 
 
 def main() -> None:

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 import typing
+import uuid
 from pathlib import Path
 
 import httpx
@@ -172,3 +173,22 @@ def test_versions_are_retired_and_purged_from_the_command_line(server, worker, r
     assert f"v{parent} " in listed.stdout and "PURGED" in listed.stdout
     setting = lethe(server, "models", "settings", registered_model["id"], "--retire-predecessors", "--json")
     assert setting.returncode == 0 and json.loads(setting.stdout)["retire_predecessors"] is True
+
+
+def test_a_models_utility_set_is_registered_and_replaced_from_the_command_line(server, fixture_model, retain_records,
+                                                                               tmp_path):
+    utility = write_jsonl(tmp_path / "utility.jsonl", retain_records[:3])
+    name = "cli-utility-" + uuid.uuid4().hex[:8]
+    registered = lethe(server, "models", "register", name, str(fixture_model), "--utility", str(utility), "--json")
+    assert registered.returncode == 0, registered.stderr
+    assert json.loads(registered.stdout)["utility_count"] == 3
+    # A setting given alone leaves the utility set as it is; an empty file removes it.
+    kept = lethe(server, "models", "settings", name, "--retire-predecessors", "--json")
+    assert kept.returncode == 0 and json.loads(kept.stdout)["utility_count"] == 3, kept.stderr
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    removed = lethe(server, "models", "settings", name, "--utility", str(empty), "--json")
+    assert removed.returncode == 0, removed.stderr
+    assert json.loads(removed.stdout)["utility_count"] == 0 and json.loads(removed.stdout)["retire_predecessors"]
+    assert Client(server, ADMIN_KEY).update_model(json.loads(registered.stdout)["id"],
+                                                  utility=retain_records[:2]).utility_count == 2
