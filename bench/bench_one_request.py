@@ -17,8 +17,8 @@ import sys
 import tempfile
 import time
 
-from bench.bench_sequential import Measurer
-from bench.mini_tofu import fixture, tofu_records, world_facts
+from bench.bench_sequential import Measurer, sequential_records
+from bench.mini_tofu import fixture, tofu_records
 from lethe.engine.audit.extraction import request_secrets
 from lethe.engine.methods import get_method
 from lethe.engine.unlearn import run_unlearning
@@ -46,8 +46,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.forget_weight_ceiling is not None:
         ceiling_at(args.forget_weight_ceiling)
     source = fixture("sequential", log=lambda line: print(line, file=sys.stderr))
-    tofu, facts = tofu_records(range(180, 200)), world_facts()
-    kept, utility_set = facts[:60], facts[60:]
+    tofu, kept, utility_set = sequential_records()
     forget = tofu_records(range(180, 182))
     erased = {r["id"] for r in forget}
     retain = [r for r in tofu if r["id"] not in erased] + kept

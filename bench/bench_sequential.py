@@ -128,13 +128,8 @@ class Service:
                 return job
             time.sleep(1)
 
-    def verdict(self, job_id: str) -> bool:
-        return self.client.get(f"/v1/unlearning-jobs/{job_id}/report").json()["verdict"]["forgotten"]
-
-    def audited_utility(self, job_id: str) -> dict:
-        """The job's own audit of the utility set: the new version beside the one it started from."""
-        section = self.client.get(f"/v1/unlearning-jobs/{job_id}/report").json()["audit"]["utility_set"]
-        return {"after": section.get("value"), "before": section.get("base_value")}
+    def report(self, job_id: str) -> dict:
+        return self.client.get(f"/v1/unlearning-jobs/{job_id}/report").raise_for_status().json()
 
     def download(self, model: str, number: int) -> Path:
         archive = self.client.get(f"/v1/models/{model}/versions/{number}/archive").raise_for_status()
@@ -142,6 +137,19 @@ class Service:
         with tarfile.open(fileobj=io.BytesIO(archive.content)) as tar:
             tar.extractall(target, filter="data")
         return next(target.iterdir())
+
+
+def sequential_records() -> tuple[list[dict], list[dict], list[dict]]:
+    """The fixture's 400 QA, the 60 world facts kept in the model's retain set, and the 57 no retain term holds (the
+    utility set)."""
+    facts = world_facts()
+    return tofu_records(range(180, 200)), facts[:60], facts[60:]
+
+
+def audited_utility(report: dict) -> dict:
+    """A job's own audit of the utility set: the new version beside the one it started from."""
+    section = report["audit"]["utility_set"]
+    return {"after": section.get("value"), "before": section.get("base_value")}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -156,8 +164,7 @@ def main(argv: list[str] | None = None) -> None:
     command = COMMAND if args.anchor == "default" and args.requests == len(PAIRS) else \
         f"python -m bench.bench_sequential {' '.join(argv if argv is not None else sys.argv[1:])}"
     source = fixture("sequential", log=lambda line: print(line, file=sys.stderr))
-    tofu, facts = tofu_records(range(180, 200)), world_facts()
-    kept_facts, utility_set = facts[:60], facts[60:]
+    tofu, kept_facts, utility_set = sequential_records()
     sets = [tofu_records(range(a, b + 1)) for a, b in pairs]
     erased_ids = lambda upto: {r["id"] for s in sets[:upto] for r in s}  # noqa: E731
     secrets = [request_secrets(s, [r for r in tofu if r["id"] not in {x["id"] for x in s}]) for s in sets]
@@ -177,6 +184,7 @@ def main(argv: list[str] | None = None) -> None:
             job = service.wait(service.submit(model, f"seq-{i + 1}", sets[i]))
             seconds = time.perf_counter() - started
             measured = Measurer(service.download(model, job["result"]["model_version"]))
+            report = service.report(job["id"])
             retain_now = [r for r in tofu if r["id"] not in erased_ids(i + 1)] + kept_facts
             sample = random.Random(i).sample(retain_now, min(RETAIN_SAMPLE, len(retain_now)))
             earlier = [measured.erased(s, secrets[j]) for j, s in enumerate(sets[:i + 1])]
@@ -184,7 +192,7 @@ def main(argv: list[str] | None = None) -> None:
             rows.append({
                 "request": i + 1, "authors": list(pair), "version": job["result"]["model_version"],
                 "seconds": round(seconds, 1), "stop_reason": job["result"]["stop_reason"],
-                "steps": job["result"]["steps"], "forgotten": service.verdict(job["id"]),
+                "steps": job["result"]["steps"], "forgotten": report["verdict"]["forgotten"],
                 "exact_match": round(earlier[i]["exact_match"], 3), "leak_greedy": round(earlier[i]["leak_greedy"], 3),
                 "earlier_exact_match": [round(e["exact_match"], 3) for e in earlier[:i]],
                 "earlier_leak_greedy": [round(e["leak_greedy"], 3) for e in earlier[:i]],
@@ -194,7 +202,7 @@ def main(argv: list[str] | None = None) -> None:
                 "retain_exact_match": round(measured.retain_exact_match(sample), 3),
                 "base_retain_exact_match": round(base.retain_exact_match(sample), 3),
                 "utility": round(measured.utility(utility_set), 3), "base_utility": round(base_utility, 3),
-                "audited_utility": service.audited_utility(job["id"]),
+                "audited_utility": audited_utility(report),
                 "answers": earlier[i]["answers"]})
             print(json.dumps({k: v for k, v in rows[-1].items() if k != "answers"}), flush=True)
 
@@ -210,7 +218,7 @@ def main(argv: list[str] | None = None) -> None:
                     "ratio": round(seconds / rows[0]["seconds"], 2),
                     "runs": len({j["run_id"] or j["id"] for j in jobs}),
                     "versions": sorted({j["result"]["model_version"] for j in jobs}),
-                    "forgotten": [service.verdict(j) for j in ids],
+                    "forgotten": [service.report(j)["verdict"]["forgotten"] for j in ids],
                     "exact_match": [round(e["exact_match"], 3) for e in final],
                     "leak_greedy": [round(e["leak_greedy"], 3) for e in final],
                     "retain_exact_match": round(measured.retain_exact_match(kept_facts), 3),

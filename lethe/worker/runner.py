@@ -18,7 +18,7 @@ from lethe.service.domain.jobs import (
     end_job,
     fail_exhausted,
     owned_job,
-    prune_model_retain,
+    prune_model_records,
     still_ours,
     without_forget,
 )
@@ -278,7 +278,7 @@ def _finish_owned(session, job: Job, work: Work, keeper: LeaseKeeper, result: Un
     pruned, retired = 0, []
     if existing is None:
         for j in jobs:
-            pruned += prune_model_retain(session, model, j.forget_records or [], j.request_id)
+            pruned += prune_model_records(session, model, j.forget_records or [], j.request_id)
         for j in jobs:  # after every member's pruning: no record one of them erased is added back
             erased = [r for other in jobs for r in other.forget_records or []]
             accumulate_model_retain(session, model, without_forget(j.retain_records, erased)[0] or [],

@@ -49,7 +49,7 @@ def without_forget(records: list[dict] | None, forget: list[dict]) -> tuple[list
     return kept, len(records) - len(kept)
 
 
-def prune_model_retain(session: Session, model: Model, forget: list[dict], request_id: str) -> int:
+def prune_model_records(session: Session, model: Model, forget: list[dict], request_id: str) -> int:
     """After an erasure succeeded: the model's registered retain set loses the records it erased (audited, by
     count), so no later job trains them to be kept, and its utility set too, so that no audit counts answering them
     as utility. How many retain records went."""
