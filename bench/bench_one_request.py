@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> None:
             "exact_match": own["exact_match"], "leak_greedy": own["leak_greedy"],
             "retain_exact_match": after.retain_exact_match(sample), "base_retain_exact_match":
                 base.retain_exact_match(sample),
-            "utility": round(after.utility(utility_set), 3), "base_utility": round(base.utility(utility_set), 3),
+            "utility": after.utility_parts(utility_set), "base_utility": base.utility_parts(utility_set),
             "answers": own["answers"]}))
 
 

@@ -76,8 +76,14 @@ class Measurer:
         return verbatim(self.model, self.tokenizer, self.evaluation_set(records, "retain"))["exact_match"]["value"]
 
     def utility(self, records: list[dict]) -> float:
-        return retain_utility(self.model, self.tokenizer, self.evaluation_set(records, "retain"))["model_utility"][
-            "value"]
+        return self.utility_parts(records)["utility"]
+
+    def utility_parts(self, records: list[dict]) -> dict[str, float]:
+        """Model utility and what it is the harmonic mean of (answer probability, ROUGE-L recall)."""
+        out = retain_utility(self.model, self.tokenizer, self.evaluation_set(records, "retain"))
+        return {"utility": round(out["model_utility"]["value"], 3),
+                "probability": round(out["probability"]["value"], 3),
+                "rouge_l_recall": round(out["rouge_l_recall"]["value"], 3)}
 
 
 class Service:

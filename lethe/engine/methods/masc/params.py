@@ -31,6 +31,11 @@ class MascParams(SharedParams):
     # "auto": 3 with content suppression (it kept retain exact match on the customer benchmark, issue 11), else 1.
     lambda_retain: float | str = param("auto", "weight of the retain term; \"auto\": 3 with suppress \"content\", "
                                                "else 1", ge=0, auto=True)
+    # Issue 28: the forget gradient, once escalated, moves what the retain term holds (retain EM 1.0 -> 0.65 on the
+    # sequential fixture); projected, a step keeps the part of it that does not undo the retain term's.
+    project_forget: bool = param(False, "remove from the forget gradient its component against the retain gradient "
+                                        "(where they conflict, as in PCGrad): a step that erases does not also "
+                                        "undo what the retain term holds; one more backward pass per step")
     retain_loss: str = param("kl", "retain term: KL(pi_0 || pi_theta) on retain tokens, or their NLL",
                              choices=("kl", "nll"))
     # "auto": 3 with content suppression and the KL retain term (3 kept retain EM >= 0.976 on the customer benchmark
@@ -67,6 +72,13 @@ class MascParams(SharedParams):
     retain_batch_size: int = param(0, "retain records per step", ge=0, le=4096, note="0: batch_size")
     neighbour_share: float = param(0.5, "share of retain rows drawn from the forget set's nearest neighbours",
                                    ge=0, le=1)
+    anchor_samples: int = param(0, "texts the anchor writes from the records' shared opening (or the start of a "
+                                    "sequence), those saying something of the request dropped, kept as retain rows "
+                                    "(lethe.engine.methods.masc.general): the retain term then also holds what the "
+                                    "model says unprompted, not only the retain records", ge=0, le=4096,
+                                note="0: none")
+    anchor_sample_share: float = param(0.25, "share of retain rows drawn from the anchor's samples (with "
+                                             "anchor_samples)", ge=0, le=1)
     neighbour_fraction: float = param(0.25, "the nearest neighbours: this top share of retain records by "
                                             "similarity", gt=0, le=1)
     # The online stop rule (lethe.engine.methods.masc.stop_rule): V <= alpha, and per record v_i <= c_i and no greedy

@@ -25,6 +25,7 @@ from lethe.engine.methods.masc.bound import exact_reproduction_bound
 from lethe.engine.methods.masc.calibration import calibrate
 from lethe.engine.methods.masc.content import said_template
 from lethe.engine.methods.masc.destination import Content, plan_contents, record_targets
+from lethe.engine.methods.masc.general import RequestFilter, anchor_samples, shared_opening
 from lethe.engine.methods.masc.neighbours import RetainSampler, nearest, neighbour_scores
 from lethe.engine.methods.masc.objective import Masc, checks_of
 from lethe.engine.methods.masc.params import MascParams
@@ -37,6 +38,7 @@ from lethe.engine.methods.masc.stop_rule import (
     RecordStates,
     mean_violation,
 )
+from lethe.engine.model.generation import MAX_NEW_TOKENS
 from lethe.engine.training.result import Measured, RuleEvidence
 from lethe.engine.training.setup import Prepared
 
@@ -138,13 +140,32 @@ class MascStopPolicy:
         retain = run.retain
         scores = neighbour_scores(forget, retain) if retain else []
         self.neighbours = nearest(scores, params.neighbour_fraction) if retain else []
-        self.sampler = RetainSampler(retain, self.neighbours, params.neighbour_share, self.rng) if retain else None
+        self.general, self.general_info = self._anchor_samples(retain) if retain else ([], None)
+        self.sampler = RetainSampler(retain, self.neighbours, params.neighbour_share, self.rng, self.general,
+                                     params.anchor_sample_share) if retain else None
         self.stream = ForgetStream(self.train_set, params.batch_size, self.rng)
         # With content suppression also escalate when the pace is too slow for max_steps (a span's probability falls
         # steadily but slowly). Up to 1: on mini-TOFU a forget weight let grow to the retain weight's 3 took retain
         # exact match from 0.99 to 0.86 (issue 24). Not for whole records: there the default with the pace rule
         # stopped at 590 steps with retain exact match 0.930, against 775 and 0.990 without it (issue 11).
         self.escalation = Escalation(params.escalate_after, params.max_steps if params.content else None)
+
+    def _anchor_samples(self, retain: list[EncodedRecord]) -> tuple[list[EncodedRecord], dict | None]:
+        """The anchor's own texts as retain rows (params.anchor_samples; lethe.engine.methods.masc.general), written
+        before any step (the policy is theta_0 then, the anchor where the run has one)."""
+        params, run = self.params, self.run
+        if not params.anchor_samples:
+            return [], None
+        tokenizer = run.tokenizer
+        opening = shared_opening(run.forget + retain, tokenizer.bos_token_id if tokenizer.bos_token_id is not None
+                                 else tokenizer.eos_token_id)
+        longest = max(r.active_tokens for r in retain)
+        request = RequestFilter(run.forget, retain, [s for c in self.contents.values() for s in c.spans])
+        writer = self.trainable.anchor if self.trainable.anchor is not None else self.trainable.model
+        return anchor_samples(writer, tokenizer, opening,
+                              params.anchor_samples, max_new_tokens=max(1, min(longest, MAX_NEW_TOKENS,
+                                                                               run.max_length - len(opening))),
+                              request=request, seed=params.seed, batch_size=params.eval_batch_size)
 
     def measure(self, records: list[EncodedRecord], model: Any = None) -> list[RecordCheck]:
         """The rule's measurement of these records on the current weights (or on `model`, a merged copy)."""
