@@ -6,8 +6,8 @@ protects). Prints one JSON line; nothing is written to the repository.
 
     python -m bench.bench_one_request                                  # the default job
     python -m bench.bench_one_request --params '{"escalate_after": 0}'  # the forget weight never raised
-    python -m bench.bench_one_request --forget-weight-ceiling 0.1     # raised, but to 0.1 at most (not a parameter:
-                                                                      # the escalation's ceiling, patched here)"""
+    python -m bench.bench_one_request --forget-weight-ceiling 0.1     # raised, but to 0.1 at most (the same as
+                                                                      # --params '{"lambda_forget_max": 0.1}')"""
 from __future__ import annotations
 
 import argparse
@@ -24,27 +24,15 @@ from lethe.engine.methods import get_method
 from lethe.engine.unlearn import run_unlearning
 
 
-def ceiling_at(ceiling: float) -> None:
-    """Every Escalation made from now on stops doubling lambda_forget at `ceiling`."""
-    from lethe.engine.methods.masc import schedule
-
-    made = schedule.Escalation.__init__
-
-    def init(self, patience: int, max_steps: int | None = None, _: float = schedule.Escalation.CEILING) -> None:
-        made(self, patience, max_steps, ceiling)
-
-    schedule.Escalation.__init__ = init  # type: ignore[method-assign]
-
-
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.bench_one_request")
     parser.add_argument("--params", default="{}", help="MASC parameters as JSON (the default job: none)")
     parser.add_argument("--forget-weight-ceiling", type=float, default=None,
-                        help="the escalation's ceiling for lambda_forget (the engine's is 1)")
+                        help="the escalation's ceiling for lambda_forget: lambda_forget_max (the default's is 1)")
     args = parser.parse_args(argv)
     overrides = json.loads(args.params)
     if args.forget_weight_ceiling is not None:
-        ceiling_at(args.forget_weight_ceiling)
+        overrides["lambda_forget_max"] = args.forget_weight_ceiling
     source = fixture("sequential", log=lambda line: print(line, file=sys.stderr))
     tofu, kept, utility_set = sequential_records()
     forget = tofu_records(range(180, 182))

@@ -294,3 +294,9 @@ def test_a_forget_weight_too_gentle_for_the_model_is_raised_until_the_rule_fires
     stuck = run_unlearning(str(fixture_model), forget_records, retain_records,
                            params=MascParams.from_dict({**gentle, "escalate_after": 0, "max_steps": r["steps"]}))
     assert stuck.result.as_dict()["stop_reason"] == "max_steps" and stuck.result.as_dict()["escalations"] == []
+    # lambda_forget_max stops the doubling where it says (the run needed more: it stops at max_steps).
+    assert len(weights) > 2
+    capped = run_unlearning(str(fixture_model), forget_records, retain_records,
+                            params=MascParams.from_dict({**gentle, "lambda_forget_max": 4e-5, "max_steps": r["steps"]}))
+    assert [e["lambda_forget"] for e in capped.result.as_dict()["escalations"]] == [2e-5, 4e-5]
+    assert capped.result.as_dict()["stop_reason"] == "max_steps"

@@ -109,6 +109,7 @@ def test_read_records_json_and_jsonl(tmp_path):
     ({"record_ceiling": 1.5}, None, "record_ceiling"), ({"lora_targets": []}, None, "lora_targets"),
     ({"lora_targets": ["auto", "q_proj"]}, None, "lora_targets"), ({"neighbour_share": 1.5}, None, "neighbour_share"),
     ({"val_mode": "all"}, None, "val_mode"),
+    ({"lambda_forget": 0.5, "lambda_forget_max": 0.1}, None, "lambda_forget_max"),
     ({"suppress": "sometimes"}, None, "suppress"),
     ({"secret_focus": True}, None, "unknown parameter 'secret_focus'"),  # replaced by suppress (issue 24)
     ({"lr": 1e308}, None, "lr"),  # accepted with 202 before issue 12, and would have run

@@ -37,10 +37,10 @@ class ForgetStream:
 
 
 class Escalation:
-    """Start gentle, and double the forget weight (up to `ceiling`, default 1) when the rule stops making progress:
-    after `patience` checks whose shortfall is not 1 % below the best so far, or, given `max_steps`, when the
-    pace of the last `patience` checks would not bring the shortfall to 0 before max_steps (steady but
-    too slow: a secret's probability falling a few per cent per check). The default weight suits the
+    """Start gentle, and double the forget weight (up to `ceiling`: lambda_forget_max, default 1) when the rule
+    stops making progress: after `patience` checks whose shortfall is not 1 % below the best so far, or, given
+    `max_steps`, when the pace of the last `patience` checks would not bring the shortfall to 0 before max_steps
+    (steady but too slow: a secret's probability falling a few per cent per check). The default weight suits the
     models measured; this keeps the rule firing on models nobody tuned it for."""
 
     CEILING = 1.0

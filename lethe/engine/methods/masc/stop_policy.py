@@ -148,7 +148,8 @@ class MascStopPolicy:
         # steadily but slowly). Up to 1: on mini-TOFU a forget weight let grow to the retain weight's 3 took retain
         # exact match from 0.99 to 0.86 (issue 24). Not for whole records: there the default with the pace rule
         # stopped at 590 steps with retain exact match 0.930, against 775 and 0.990 without it (issue 11).
-        self.escalation = Escalation(params.escalate_after, params.max_steps if params.content else None)
+        self.escalation = Escalation(params.escalate_after, params.max_steps if params.content else None,
+                                     params.lambda_forget_max)
 
     def _anchor_samples(self, retain: list[EncodedRecord]) -> tuple[list[EncodedRecord], dict | None]:
         """The anchor's own texts as retain rows (params.anchor_samples; lethe.engine.methods.masc.general), written
@@ -353,7 +354,11 @@ class MascStopPolicy:
             initial_violation_rate=self.initial_v, alpha=summary["alpha"], erasure=condition,
             neighbours={"count": len(self.neighbours),
                         "share_of_retain_rows": params.neighbour_share if self.neighbours else 0,
-                        "ids": [retain[j].id for j in self.neighbours]},
+                        "ids": [retain[j].id for j in self.neighbours],
+                        # The other rows' own source where the run draws some (params.anchor_samples).
+                        **({"anchor_samples": {**self.general_info, "share_of_retain_rows":
+                                               params.anchor_sample_share if self.general else 0}}
+                           if self.general_info else {})},
             repair_steps=self.repair_steps, escalations=self.escalation.trace, lora=self.trainable.describe(),
             secrets=self.content_summary(),
             retain_term="none (no retain records)" if not retain else params.retain_loss)

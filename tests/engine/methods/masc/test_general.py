@@ -65,3 +65,33 @@ def test_the_samples_are_the_anchors_own_text_without_the_request(fixture_model,
     kept, info = anchor_samples(model, tokenizer, opening, 12, max_new_tokens=24, request=request, seed=3)
     assert info["dropped_as_request"] >= 1 and said.input_ids not in [r.input_ids for r in kept]
     assert len(kept) + info["dropped_as_request"] + info["empty"] == 12
+
+
+def test_the_retain_sampler_draws_its_share_of_rows_from_the_samples():
+    import random
+
+    from lethe.engine.methods.masc.neighbours import RetainSampler
+
+    retain = [_record(f"r{i}", [1, 2, 3], 1) for i in range(10)]
+    general = [_record(f"g{i}", [1, 4, 5], 1) for i in range(3)]
+    rows = RetainSampler(retain, [0, 1], 0.5, random.Random(0), general, 0.25).sample(4000)
+    assert abs(sum(r.id.startswith("g") for r in rows) / 4000 - 0.25) < 0.03
+    assert all(r.id.startswith("g") for r in RetainSampler(retain, [0], 0.5, random.Random(0), general, 1.0).sample(9))
+    assert not any(r.id.startswith("g") for r in RetainSampler(retain, [0], 0.5, random.Random(0), general, 0.0)
+                   .sample(50))
+    assert not any(r.id.startswith("g") for r in RetainSampler(retain, [0], 0.5, random.Random(0)).sample(50))
+
+
+@pytest.mark.slow
+def test_a_run_with_anchor_samples_says_what_it_drew(fixture_model, forget_records, retain_records):
+    from lethe.engine.methods.masc.params import MascParams
+    from lethe.engine.unlearn import run_unlearning
+
+    params = MascParams.from_dict({"anchor_samples": 6, "anchor_sample_share": 0.5, "max_steps": 5})
+    result = run_unlearning(str(fixture_model), forget_records, retain_records, params=params).result.as_dict()
+    drawn = result["neighbours"]["anchor_samples"]
+    assert drawn["drawn"] == 6 and drawn["kept"] + drawn["dropped_as_request"] + drawn["empty"] == 6
+    assert drawn["share_of_retain_rows"] == (0.5 if drawn["kept"] else 0)
+    plain = run_unlearning(str(fixture_model), forget_records, retain_records,
+                           params=MascParams.from_dict({"max_steps": 5})).result.as_dict()
+    assert "anchor_samples" not in plain["neighbours"]
