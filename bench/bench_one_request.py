@@ -29,13 +29,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--params", default="{}", help="MASC parameters as JSON (the default job: none)")
     parser.add_argument("--forget-weight-ceiling", type=float, default=None,
                         help="the escalation's ceiling for lambda_forget: lambda_forget_max (the default's is 1)")
+    parser.add_argument("--authors", type=int, nargs=2, default=(180, 181), metavar=("FIRST", "SECOND"),
+                        help="the two TOFU authors erased (the sequential benchmark's first request: 180 181)")
     args = parser.parse_args(argv)
     overrides = json.loads(args.params)
     if args.forget_weight_ceiling is not None:
         overrides["lambda_forget_max"] = args.forget_weight_ceiling
     source = fixture("sequential", log=lambda line: print(line, file=sys.stderr))
     tofu, kept, utility_set = sequential_records()
-    forget = tofu_records(range(180, 182))
+    forget = tofu_records(args.authors)
     erased = {r["id"] for r in forget}
     retain = [r for r in tofu if r["id"] not in erased] + kept
     secrets = request_secrets(forget, [r for r in tofu if r["id"] not in erased])
@@ -51,7 +53,7 @@ def main(argv: list[str] | None = None) -> None:
         after = Measurer(folder)
         own = after.erased(forget, secrets)
         print(json.dumps({
-            "params": overrides, "forget_weight_ceiling": args.forget_weight_ceiling,
+            "authors": list(args.authors), "params": overrides, "forget_weight_ceiling": args.forget_weight_ceiling,
             "seconds": round(seconds, 1), "stop_reason": result["stop_reason"],
             "steps": result["steps"], "escalations": result.get("escalations", []),
             "records_meeting": sum(r["meets_condition"] for r in result.get("per_record") or []),

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterable
 from pathlib import Path
 
 from lethe.engine.model.fixture import FixtureConfig, build_fixture
@@ -14,7 +15,7 @@ CACHE = ROOT / "bench" / ".fixtures"
 MINI_TOFU = FixtureConfig(seed=0, epochs=40, vocab_size=2048, hidden_size=256, layers=4, heads=4)
 
 
-def tofu_records(authors: range) -> list[dict]:
+def tofu_records(authors: Iterable[int]) -> list[dict]:
     """TOFU rows as records; the question/answer separator is part of the prompt (SPEC section 2)."""
     wanted = set(authors)
     records = []

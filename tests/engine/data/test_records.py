@@ -109,7 +109,7 @@ def test_read_records_json_and_jsonl(tmp_path):
     ({"record_ceiling": 1.5}, None, "record_ceiling"), ({"lora_targets": []}, None, "lora_targets"),
     ({"lora_targets": ["auto", "q_proj"]}, None, "lora_targets"), ({"neighbour_share": 1.5}, None, "neighbour_share"),
     ({"val_mode": "all"}, None, "val_mode"),
-    ({"lambda_forget": 0.5, "lambda_forget_max": 0.1}, None, "lambda_forget_max"),
+    ({"lambda_forget_max": 0}, None, "lambda_forget_max"),
     ({"suppress": "sometimes"}, None, "suppress"),
     ({"secret_focus": True}, None, "unknown parameter 'secret_focus'"),  # replaced by suppress (issue 24)
     ({"lr": 1e308}, None, "lr"),  # accepted with 202 before issue 12, and would have run
@@ -144,7 +144,10 @@ def test_presets_carry_the_published_defaults_and_explicit_values_win():
         ("auto", "auto", "auto", "train")
     assert (defaults.rho, defaults.eta, defaults.k, defaults.beta) == \
         (scaling.rho, scaling.eta, scaling.k, scaling.beta)
-    assert set(PRESETS) == {"qwen2.5-scaling", "tofu-llama2", "muse-news", "whole-record"}
+    assert set(PRESETS) == {"qwen2.5-scaling", "tofu-llama2", "muse-news", "whole-record", "gentle"}
+    gentle = MascParams.from_dict({}, preset="gentle")
+    assert (gentle.lambda_forget_max, gentle.max_steps, gentle.suppress, gentle.lambda_forget) == \
+        (0.1, 2000, "content", defaults.lambda_forget)
     # One default for named secrets and plain records alike: content suppression with destinations (issue 24);
     # "whole-record" is the paper's suppression of every token with our per-record rule.
     assert (defaults.suppress, defaults.lambda_retain, defaults.lambda_keep, defaults.greedy_margin) == \

@@ -44,18 +44,12 @@ def nearest(scores: list[float], fraction: float = 0.25, minimum: int = 8) -> li
 
 
 class RetainSampler:
-    """Retain batches: a share of rows from the anchor's own samples (where given), of the rest a share from the
-    nearest neighbours, the rest uniformly from all records."""
+    """Retain batches: a share of rows from the nearest neighbours, the rest uniformly from all records."""
 
-    def __init__(self, retain: list[EncodedRecord], neighbours: list[int], share: float, rng: random.Random,
-                 general: list[EncodedRecord] | None = None, general_share: float = 0.0):
+    def __init__(self, retain: list[EncodedRecord], neighbours: list[int], share: float, rng: random.Random):
         self.retain, self.neighbours, self.share, self.rng = retain, neighbours, share, rng
-        self.general, self.general_share = general or [], general_share
 
     def sample(self, k: int) -> list[EncodedRecord]:
-        from_general = sum(self.rng.random() < self.general_share for _ in range(k)) if self.general else 0
-        general = [self.rng.choice(self.general) for _ in range(from_general)]
-        k -= from_general
         from_neighbours = sum(self.rng.random() < self.share for _ in range(k)) if self.neighbours else 0
         picks = [self.retain[self.rng.choice(self.neighbours)] for _ in range(from_neighbours)]
-        return general + picks + self.rng.choices(self.retain, k=k - from_neighbours)
+        return picks + self.rng.choices(self.retain, k=k - from_neighbours)

@@ -110,35 +110,10 @@ class Masc:
                 parts["target"] = target.item()
         if retain is not None and p.retain_weight > 0:
             retain_loss = self._retain_term(logits[n_forget:], joint.labels[n_forget:], retain)
-            parts["retain"] = retain_loss.item()
-            parts["total"] = (total + p.retain_weight * retain_loss).item()
-            if p.project_forget:
-                return self._projected(total, p.retain_weight * retain_loss, parts), parts
             total = total + p.retain_weight * retain_loss
-        parts["total"] = parts.get("total", total.item())
+            parts["retain"] = retain_loss.item()
+        parts["total"] = total.item()
         return total, parts
-
-    def _projected(self, forget_side: torch.Tensor, retain_side: torch.Tensor, parts: dict) -> torch.Tensor:
-        """A loss whose gradient is g_r + g_f', g_f' the forget side's gradient without its component along the
-        retain side's where they conflict:
-
-            g_f' = g_f - min(0, <g_f, g_r>) / |g_r|^2 g_r,
-
-        so to first order the step changes the retain term no more than the retain gradient alone would
-        (<g_f', g_r> >= 0). The dot products run over every trained parameter at once (PCGrad's global form); the
-        returned loss is linear in the parameters, sum_p <p, g_p>, and only its gradient means anything."""
-        parameters = [q for q in self.trainable.model.parameters() if q.requires_grad]
-        g_f = torch.autograd.grad(forget_side, parameters, retain_graph=True, allow_unused=True)
-        g_r = torch.autograd.grad(retain_side, parameters, allow_unused=True)
-        pairs = [(f if f is not None else torch.zeros_like(q), r if r is not None else torch.zeros_like(q))
-                 for q, f, r in zip(parameters, g_f, g_r)]
-        home = pairs[0][0].device
-        dot = torch.stack([(f.float() * r.float()).sum().to(home) for f, r in pairs]).sum()
-        norm = torch.stack([(r.float() * r.float()).sum().to(home) for _, r in pairs]).sum()
-        coefficient = (dot / norm).clamp(max=0) if float(norm) > 0 else torch.zeros((), device=home)
-        parts["conflict"] = float(dot < 0)
-        return torch.stack([(q * (f - coefficient.to(f.device) * r + r).detach()).sum().to(home)
-                            for q, (f, r) in zip(parameters, pairs)]).sum()
 
     @staticmethod
     def _active_targets(batch: Batch, device: torch.device | None = None

@@ -28,18 +28,14 @@ class MascParams(SharedParams):
     # Issue 28: the escalation's top buys the erasure with collateral (one request on the sequential fixture: up to 1,
     # 40/40 records, model utility 0.859 of 0.998; up to 0.1, 32/40 at max_steps, 0.960): a knob for who prefers
     # the model to the verdict, not a default.
-    lambda_forget_max: float = param(1.0, "the highest lambda_forget the escalation may reach", gt=0)
+    lambda_forget_max: float = param(1.0, "the highest lambda_forget the escalation may reach (a lambda_forget "
+                                          "already above it stays where it is)", gt=0)
     escalate_after: int = param(10, "checks without progress before lambda_forget doubles, up to "
                                     "lambda_forget_max (with content suppression also when too slow for max_steps)",
                                 ge=0, note="0: never")
     # "auto": 3 with content suppression (it kept retain exact match on the customer benchmark, issue 11), else 1.
     lambda_retain: float | str = param("auto", "weight of the retain term; \"auto\": 3 with suppress \"content\", "
                                                "else 1", ge=0, auto=True)
-    # Issue 28: the forget gradient, once escalated, moves what the retain term holds (retain EM 1.0 -> 0.65 on the
-    # sequential fixture); projected, a step keeps the part of it that does not undo the retain term's.
-    project_forget: bool = param(False, "remove from the forget gradient its component against the retain gradient "
-                                        "(where they conflict, as in PCGrad): a step that erases does not also "
-                                        "undo what the retain term holds; one more backward pass per step")
     retain_loss: str = param("kl", "retain term: KL(pi_0 || pi_theta) on retain tokens, or their NLL",
                              choices=("kl", "nll"))
     # "auto": 3 with content suppression and the KL retain term (3 kept retain EM >= 0.976 on the customer benchmark
@@ -76,13 +72,6 @@ class MascParams(SharedParams):
     retain_batch_size: int = param(0, "retain records per step", ge=0, le=4096, note="0: batch_size")
     neighbour_share: float = param(0.5, "share of retain rows drawn from the forget set's nearest neighbours",
                                    ge=0, le=1)
-    anchor_samples: int = param(0, "texts the anchor writes from the records' shared opening (or the start of a "
-                                    "sequence), those saying something of the request dropped, kept as retain rows "
-                                    "(lethe.engine.methods.masc.general): the retain term then also holds what the "
-                                    "model says unprompted, not only the retain records", ge=0, le=4096,
-                                note="0: none")
-    anchor_sample_share: float = param(0.25, "share of retain rows drawn from the anchor's samples (with "
-                                             "anchor_samples)", ge=0, le=1)
     neighbour_fraction: float = param(0.25, "the nearest neighbours: this top share of retain records by "
                                             "similarity", gt=0, le=1)
     # The online stop rule (lethe.engine.methods.masc.stop_rule): V <= alpha, and per record v_i <= c_i and no greedy
@@ -120,8 +109,6 @@ class MascParams(SharedParams):
                   "needs retain_loss \"kl\" (it is part of that term)")
         # In train mode D_val is the trained records themselves, not a sample of a population: a confidence bound on
         # their mean would state a guarantee it does not have (issue 25).
-        self.need(self.lambda_forget_max >= self.lambda_forget, "lambda_forget_max",
-                  f"must be at least lambda_forget ({self.lambda_forget}), where the forget weight starts")
         self.need(not self.hoeffding or self.val_mode == "holdout", "hoeffding",
                   "needs val_mode \"holdout\": the bound is over records drawn from the forget population and kept "
                   "out of training; in train mode the rule measures every record itself")
@@ -175,4 +162,8 @@ PRESETS: dict[str, dict] = {
                       lambda_forget=0.5, alpha=0.55, **AS_PUBLISHED),
     # The paper's suppression, every token of every record, retain KL weighted 1, with our per-record rule.
     "whole-record": dict(lambda_retain=1.0, **AS_PUBLISHED),
+    # Less collateral for more steps (issue 28): the forget weight raised to 0.1 at most, with room to get there. One
+    # request of the sequential benchmark: the rule fired at 1,605 steps, retain EM 0.99, model utility 0.963 (base
+    # 0.998), against 805 steps, 0.65 and 0.859 for the default; not measured on other architectures.
+    "gentle": dict(lambda_forget_max=0.1, max_steps=2000),
 }

@@ -25,7 +25,6 @@ from lethe.engine.methods.masc.bound import exact_reproduction_bound
 from lethe.engine.methods.masc.calibration import calibrate
 from lethe.engine.methods.masc.content import said_template
 from lethe.engine.methods.masc.destination import Content, plan_contents, record_targets
-from lethe.engine.methods.masc.general import RequestFilter, anchor_samples, shared_opening
 from lethe.engine.methods.masc.neighbours import RetainSampler, nearest, neighbour_scores
 from lethe.engine.methods.masc.objective import Masc, checks_of
 from lethe.engine.methods.masc.params import MascParams
@@ -38,7 +37,6 @@ from lethe.engine.methods.masc.stop_rule import (
     RecordStates,
     mean_violation,
 )
-from lethe.engine.model.generation import MAX_NEW_TOKENS
 from lethe.engine.training.result import Measured, RuleEvidence
 from lethe.engine.training.setup import Prepared
 
@@ -140,9 +138,7 @@ class MascStopPolicy:
         retain = run.retain
         scores = neighbour_scores(forget, retain) if retain else []
         self.neighbours = nearest(scores, params.neighbour_fraction) if retain else []
-        self.general, self.general_info = self._anchor_samples(retain) if retain else ([], None)
-        self.sampler = RetainSampler(retain, self.neighbours, params.neighbour_share, self.rng, self.general,
-                                     params.anchor_sample_share) if retain else None
+        self.sampler = RetainSampler(retain, self.neighbours, params.neighbour_share, self.rng) if retain else None
         self.stream = ForgetStream(self.train_set, params.batch_size, self.rng)
         # With content suppression also escalate when the pace is too slow for max_steps (a span's probability falls
         # steadily but slowly). Up to 1: on mini-TOFU a forget weight let grow to the retain weight's 3 took retain
@@ -150,23 +146,6 @@ class MascStopPolicy:
         # stopped at 590 steps with retain exact match 0.930, against 775 and 0.990 without it (issue 11).
         self.escalation = Escalation(params.escalate_after, params.max_steps if params.content else None,
                                      params.lambda_forget_max)
-
-    def _anchor_samples(self, retain: list[EncodedRecord]) -> tuple[list[EncodedRecord], dict | None]:
-        """The anchor's own texts as retain rows (params.anchor_samples; lethe.engine.methods.masc.general), written
-        before any step (the policy is theta_0 then, the anchor where the run has one)."""
-        params, run = self.params, self.run
-        if not params.anchor_samples:
-            return [], None
-        tokenizer = run.tokenizer
-        opening = shared_opening(run.forget + retain, tokenizer.bos_token_id if tokenizer.bos_token_id is not None
-                                 else tokenizer.eos_token_id)
-        longest = max(r.active_tokens for r in retain)
-        request = RequestFilter(run.forget, retain, [s for c in self.contents.values() for s in c.spans])
-        writer = self.trainable.anchor if self.trainable.anchor is not None else self.trainable.model
-        return anchor_samples(writer, tokenizer, opening,
-                              params.anchor_samples, max_new_tokens=max(1, min(longest, MAX_NEW_TOKENS,
-                                                                               run.max_length - len(opening))),
-                              request=request, seed=params.seed, batch_size=params.eval_batch_size)
 
     def measure(self, records: list[EncodedRecord], model: Any = None) -> list[RecordCheck]:
         """The rule's measurement of these records on the current weights (or on `model`, a merged copy)."""
@@ -354,11 +333,7 @@ class MascStopPolicy:
             initial_violation_rate=self.initial_v, alpha=summary["alpha"], erasure=condition,
             neighbours={"count": len(self.neighbours),
                         "share_of_retain_rows": params.neighbour_share if self.neighbours else 0,
-                        "ids": [retain[j].id for j in self.neighbours],
-                        # The other rows' own source where the run draws some (params.anchor_samples).
-                        **({"anchor_samples": {**self.general_info, "share_of_retain_rows":
-                                               params.anchor_sample_share if self.general else 0}}
-                           if self.general_info else {})},
+                        "ids": [retain[j].id for j in self.neighbours]},
             repair_steps=self.repair_steps, escalations=self.escalation.trace, lora=self.trainable.describe(),
             secrets=self.content_summary(),
             retain_term="none (no retain records)" if not retain else params.retain_loss)
