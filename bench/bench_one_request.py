@@ -7,7 +7,8 @@ protects). Prints one JSON line; nothing is written to the repository.
     python -m bench.bench_one_request                                  # the default job
     python -m bench.bench_one_request --params '{"escalate_after": 0}'  # the forget weight never raised
     python -m bench.bench_one_request --forget-weight-ceiling 0.1     # raised, but to 0.1 at most (the same as
-                                                                      # --params '{"lambda_forget_max": 0.1}')"""
+                                                                      # --params '{"lambda_forget_max": 0.1}')
+    python -m bench.bench_one_request --authors 186 187               # another pair (the fourth request's)"""
 from __future__ import annotations
 
 import argparse

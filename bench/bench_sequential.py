@@ -16,7 +16,8 @@ Prints the rows and the issue's checks; writes bench/results/sequential.json and
 
 `--anchor previous` pins each request's retain anchor to the version it starts from (the behaviour before issue
 28, for comparison: PATCH anchor_version before each request) and writes sequential-anchor-previous.json and a block
-of its own; `--requests N` runs the first N pairs only (sequential-N-requests.json, its own block too)."""
+of its own; `--requests N` runs the first N pairs only (sequential-N-requests.json, its own block too); `--preset
+NAME` has every job name that MASC preset (sequential-preset-NAME[...].json, its own block)."""
 from __future__ import annotations
 
 import argparse
@@ -120,9 +121,9 @@ class Service:
         return self.client.post("/v1/models", json={"name": name, "source": str(source), "retain": retain,
                                                     "utility": utility}).raise_for_status().json()["id"]
 
-    def submit(self, model: str, request_id: str, forget: list[dict]) -> str:
-        answer = self.client.post("/v1/unlearning-jobs", json={"model_id": model, "request_id": request_id,
-                                                               "forget": forget, "audit": AUDIT})
+    def submit(self, model: str, request_id: str, forget: list[dict], preset: str | None = None) -> str:
+        job = {"model_id": model, "request_id": request_id, "forget": forget, "audit": AUDIT}
+        answer = self.client.post("/v1/unlearning-jobs", json=job | ({"preset": preset} if preset else {}))
         return answer.raise_for_status().json()["id"]
 
     def wait(self, job_id: str) -> dict:
@@ -162,12 +163,14 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.bench_sequential")
     parser.add_argument("--anchor", choices=("default", "previous"), default="default")
     parser.add_argument("--requests", type=int, default=len(PAIRS))
+    parser.add_argument("--preset", default=None, help="a MASC preset every job names (default: none, the default job)")
     args = parser.parse_args(argv)
     pairs = PAIRS[:args.requests]
     # A comparison or a shorter run writes results and a block of its own, never over the full default run's.
     name = "sequential" + ("-anchor-previous" if args.anchor == "previous" else "") + \
+        (f"-preset-{args.preset}" if args.preset else "") + \
         (f"-{len(pairs)}-requests" if len(pairs) != len(PAIRS) else "")
-    command = COMMAND if args.anchor == "default" and args.requests == len(PAIRS) else \
+    command = COMMAND if args.anchor == "default" and args.requests == len(PAIRS) and not args.preset else \
         f"python -m bench.bench_sequential {' '.join(argv if argv is not None else sys.argv[1:])}"
     source = fixture("sequential", log=lambda line: print(line, file=sys.stderr))
     tofu, kept_facts, utility_set = sequential_records()
@@ -187,7 +190,7 @@ def main(argv: list[str] | None = None) -> None:
                 head = service.client.get(f"/v1/models/{model}").json()["latest_version"]
                 service.client.patch(f"/v1/models/{model}", json={"anchor_version": head}).raise_for_status()
             started = time.perf_counter()
-            job = service.wait(service.submit(model, f"seq-{i + 1}", sets[i]))
+            job = service.wait(service.submit(model, f"seq-{i + 1}", sets[i], args.preset))
             seconds = time.perf_counter() - started
             measured = Measurer(service.download(model, job["result"]["model_version"]))
             report = service.report(job["id"])
@@ -214,7 +217,7 @@ def main(argv: list[str] | None = None) -> None:
 
         model_together = service.register("together", source, tofu + kept_facts, utility_set)
         started = time.perf_counter()
-        ids = [service.submit(model_together, f"together-{i + 1}", s) for i, s in enumerate(sets)]
+        ids = [service.submit(model_together, f"together-{i + 1}", s, args.preset) for i, s in enumerate(sets)]
         jobs = [service.wait(j) for j in ids]
         seconds = time.perf_counter() - started
         last = max(j["result"]["model_version"] for j in jobs)
@@ -249,14 +252,17 @@ def main(argv: list[str] | None = None) -> None:
     results.write_text(json.dumps({"command": command, "machine": f"{platform.machine()}, CPU",
                                    "base_erased": base_erased, "rows": rows, "together": together,
                                    "checks": checks}, indent=2) + "\n")
-    update_benchmarks(name, table(rows, together, checks, command, results.name))
+    update_benchmarks(name, table(rows, together, checks, command, results.name,
+                                  f"Every job with the preset {args.preset}" if args.preset else
+                                  "Default job (no parameters)"))
     print(f"written to {results.relative_to(ROOT)} and BENCHMARKS.md")
 
 
-def table(rows: list[dict], together: dict, checks: dict, command: str, results: str) -> str:
+def table(rows: list[dict], together: dict, checks: dict, command: str, results: str,
+          job: str = "Default job (no parameters)") -> str:
     lines = [f"### Requests in a row, then all at once: `{command}`", "",
              f"Measured on {platform.machine()} (2 threads), CPU; raw figures and three answers per request in "
-             f"`bench/results/{results}`. Default job (no parameters), audit without quantisation and "
+             f"`bench/results/{results}`. {job}, audit without quantisation and "
              "relearning. Retain EM: a seeded sample of 100 of the model's retain set at that point, beside the "
              "base's on the same sample; utility: model utility on 57 world facts never in a retain set.", "",
              "| request | authors | s | stop | steps | verdict | EM | leak | worst earlier EM | worst earlier leak "
