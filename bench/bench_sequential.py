@@ -210,7 +210,7 @@ def main(argv: list[str] | None = None) -> None:
                                       or e["leak_greedy"] > after_own[j]["leak_greedy"]],
                 "retain_exact_match": round(measured.retain_exact_match(sample), 3),
                 "base_retain_exact_match": round(base.retain_exact_match(sample), 3),
-                "utility": round(measured.utility(utility_set), 3), "base_utility": round(base_utility, 3),
+                "utility": measured.utility(utility_set), "base_utility": base_utility,
                 "audited_utility": audited_utility(report),
                 "answers": earlier[i]["answers"]})
             print(json.dumps({k: v for k, v in rows[-1].items() if k != "answers"}), flush=True)
@@ -232,7 +232,7 @@ def main(argv: list[str] | None = None) -> None:
                     "leak_greedy": [round(e["leak_greedy"], 3) for e in final],
                     "retain_exact_match": round(measured.retain_exact_match(kept_facts), 3),
                     "base_retain_exact_match": round(base.retain_exact_match(kept_facts), 3),
-                    "utility": round(measured.utility(utility_set), 3)}
+                    "utility": measured.utility(utility_set)}
         print(json.dumps(together), flush=True)
     finally:
         service.stop()
@@ -252,14 +252,13 @@ def main(argv: list[str] | None = None) -> None:
     results.write_text(json.dumps({"command": command, "machine": f"{platform.machine()}, CPU",
                                    "base_erased": base_erased, "rows": rows, "together": together,
                                    "checks": checks}, indent=2) + "\n")
-    update_benchmarks(name, table(rows, together, checks, command, results.name,
-                                  f"Every job with the preset {args.preset}" if args.preset else
-                                  "Default job (no parameters)"))
+    update_benchmarks(name, table(rows, together, checks, command, results.name, args.preset))
     print(f"written to {results.relative_to(ROOT)} and BENCHMARKS.md")
 
 
 def table(rows: list[dict], together: dict, checks: dict, command: str, results: str,
-          job: str = "Default job (no parameters)") -> str:
+          preset: str | None = None) -> str:
+    job = f"Every job with the preset {preset}" if preset else "Default job (no parameters)"
     lines = [f"### Requests in a row, then all at once: `{command}`", "",
              f"Measured on {platform.machine()} (2 threads), CPU; raw figures and three answers per request in "
              f"`bench/results/{results}`. {job}, audit without quantisation and "
