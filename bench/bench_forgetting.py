@@ -80,6 +80,7 @@ def run(source: str, forget, retain, sets, neighbour_ids, values: dict, method: 
     row = {"stop_reason": r["stop_reason"], "steps": r["steps"], "seconds": round(seconds, 1),
            "check_seconds": round((r.get("timing") or {}).get("stop_check_seconds", 0.0), 1),
            "records_meeting_condition": erasure.get("records_meeting_condition"), "content": r.get("secrets"),
+           "lambda_forget_reached": max([e["lambda_forget"] for e in r.get("escalations") or []], default=None),
            **measure(outcome.model, outcome.tokenizer, sets, neighbour_ids, reference, reference_figures)}
     del outcome
     rule = {p["id"]: float(not p["meets_condition"]) for p in r.get("per_record") or []} \

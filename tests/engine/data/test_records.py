@@ -144,10 +144,14 @@ def test_presets_carry_the_published_defaults_and_explicit_values_win():
         ("auto", "auto", "auto", "train")
     assert (defaults.rho, defaults.eta, defaults.k, defaults.beta) == \
         (scaling.rho, scaling.eta, scaling.k, scaling.beta)
-    assert set(PRESETS) == {"qwen2.5-scaling", "tofu-llama2", "muse-news", "whole-record", "gentle"}
-    gentle = MascParams.from_dict({}, preset="gentle")
-    assert (gentle.lambda_forget_max, gentle.max_steps, gentle.suppress, gentle.lambda_forget) == \
-        (0.1, 2000, "content", defaults.lambda_forget)
+    assert set(PRESETS) == {"qwen2.5-scaling", "tofu-llama2", "muse-news", "whole-record", "gentle", "fast"}
+    # The escalation (issue 28): the defaults cap it at 0.1, aim at 1,000 steps and leave room to 2,000; "gentle"
+    # aims at 2,000; "fast" is the defaults before (up to 1 within 1,000 steps).
+    gentle, fast = MascParams.from_dict({}, preset="gentle"), MascParams.from_dict({}, preset="fast")
+    assert (defaults.lambda_forget_max, defaults.pace_steps, defaults.max_steps) == (0.1, 1000, 2000)
+    assert (gentle.lambda_forget_max, gentle.pace_steps, gentle.max_steps) == (0.1, 2000, 2000)
+    assert (fast.lambda_forget_max, fast.pace_steps, fast.max_steps, fast.suppress, fast.lambda_forget) == \
+        (1.0, 1000, 1000, "content", defaults.lambda_forget)
     # One default for named secrets and plain records alike: content suppression with destinations (issue 24);
     # "whole-record" is the paper's suppression of every token with our per-record rule.
     assert (defaults.suppress, defaults.lambda_retain, defaults.lambda_keep, defaults.greedy_margin) == \

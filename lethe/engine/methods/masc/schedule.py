@@ -36,27 +36,33 @@ class ForgetStream:
         return batch
 
 
+def pace_horizon(content: bool, pace_steps: int, max_steps: int) -> int | None:
+    """The step by which the escalation's pace aims to fire: pace_steps, or max_steps where that comes first; none
+    for whole records (issue 11)."""
+    return min(pace_steps, max_steps) if content else None
+
+
 class Escalation:
-    """Start gentle, and double the forget weight (up to `ceiling`: lambda_forget_max, default 1) when the rule
-    stops making progress: after `patience` checks whose shortfall is not 1 % below the best so far, or, given
-    `max_steps`, when the pace of the last `patience` checks would not bring the shortfall to 0 before max_steps
+    """Start gentle, and double the forget weight (up to `ceiling`: lambda_forget_max, 0.1 by default) when the rule
+    stops making progress: after `patience` checks whose shortfall is not 1 % below the best so far, or, given a
+    `horizon` (pace_steps), when the pace of the last `patience` checks would not bring the shortfall to 0 by it
     (steady but too slow: a secret's probability falling a few per cent per check). The default weight suits the
     models measured; this keeps the rule firing on models nobody tuned it for."""
 
     CEILING = 1.0
 
-    def __init__(self, patience: int, max_steps: int | None = None, ceiling: float = CEILING):
-        self.patience, self.max_steps, self.best, self.stale = patience, max_steps, math.inf, 0
+    def __init__(self, patience: int, horizon: int | None = None, ceiling: float = CEILING):
+        self.patience, self.horizon, self.best, self.stale = patience, horizon, math.inf, 0
         self.ceiling = ceiling
         self.window: list[tuple[int, float]] = []  # (step, shortfall) of the checks since the last doubling
         self.trace: list[dict] = []
 
     def _too_slow(self, step: int, shortfall: float) -> bool:
-        if not self.max_steps or len(self.window) < self.patience:
+        if not self.horizon or len(self.window) < self.patience:
             return False
         first_step, first = self.window[-self.patience]
         rate = (first - shortfall) / max(1, step - first_step)  # shortfall removed per step, lately
-        return rate <= 0 or shortfall / rate > self.max_steps - step
+        return rate <= 0 or shortfall / rate > self.horizon - step
 
     def update(self, step: int, shortfall: float | None, weight: float) -> float:
         if shortfall is None or not self.patience or weight >= self.ceiling:
@@ -72,5 +78,5 @@ class Escalation:
         self.stale, self.best, self.window = 0, shortfall, []
         weight = min(self.ceiling, 2 * weight)
         self.trace.append({"step": step, "lambda_forget": weight, "shortfall": shortfall,
-                           "why": "no progress" if not progress else "too slow for max_steps"})
+                           "why": "no progress" if not progress else "too slow for pace_steps"})
         return weight

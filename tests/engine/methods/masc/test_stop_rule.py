@@ -137,17 +137,32 @@ def test_steady_but_too_slow_progress_doubles_the_forget_weight_and_the_ceiling_
 
     # 2 % better per check (progress by the 1 % test), 100 steps apart: at that pace 96 -> 0 takes about 4850
     # more steps, and 800 are left.
-    slow = Escalation(patience=3, max_steps=1000)
+    slow = Escalation(patience=3, horizon=1000)
     weights = [slow.update(100 * i, 100 * 0.98 ** i, 0.01) for i in range(3)]
-    assert weights == [0.01, 0.01, 0.02] and slow.trace[0]["why"] == "too slow for max_steps"
-    # Fast enough: halving every check reaches ~0 well before max_steps.
-    fast = Escalation(patience=3, max_steps=1000)
+    assert weights == [0.01, 0.01, 0.02] and slow.trace[0]["why"] == "too slow for pace_steps"
+    # Fast enough: halving every check reaches ~0 well before the horizon.
+    fast = Escalation(patience=3, horizon=1000)
     assert [fast.update(10 * i, 100 * 0.5 ** i, 0.01) for i in range(6)] == [0.01] * 6
-    # Without max_steps only the 1 % test applies, as before.
+    # Without a horizon (whole records) only the 1 % test applies.
     unbounded = Escalation(patience=3)
     assert [unbounded.update(100 * i, 100 * 0.98 ** i, 0.01) for i in range(3)] == [0.01] * 3
     capped = Escalation(patience=1, ceiling=3.0)
     assert capped.update(0, 1.0, 2.0) == 2.0 and capped.update(1, 1.0, 2.0) == 3.0
+
+
+def test_the_pace_aims_at_pace_steps_and_max_steps_leaves_room_past_it():
+    from lethe.engine.methods.masc.params import MascParams
+    from lethe.engine.methods.masc.schedule import Escalation, pace_horizon
+
+    defaults = MascParams()
+    assert (defaults.pace_steps, defaults.max_steps, defaults.lambda_forget_max) == (1000, 2000, 0.1)
+    assert pace_horizon(True, defaults.pace_steps, defaults.max_steps) == 1000
+    assert pace_horizon(True, 1000, 300) == 300  # a shorter cap comes first
+    assert pace_horizon(False, 1000, 2000) is None  # whole records: the 1 % test only
+    # The same steady pace (2 % per check, 100 steps apart) is too slow for a horizon of 1,000, not of 10,000.
+    near, far = Escalation(patience=3, horizon=1000), Escalation(patience=3, horizon=10_000)
+    assert [near.update(100 * i, 100 * 0.98 ** i, 0.01) for i in range(3)][-1] == 0.02
+    assert [far.update(100 * i, 100 * 0.98 ** i, 0.01) for i in range(3)][-1] == 0.01
 
 
 def test_records_with_located_secrets_are_judged_by_their_secrets_not_by_the_mean():
