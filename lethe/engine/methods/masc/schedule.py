@@ -43,7 +43,7 @@ def pace_horizon(content: bool, pace_steps: int, max_steps: int) -> int | None:
 
 
 class Escalation:
-    """Start gentle, and double the forget weight (up to `ceiling`: lambda_forget_max, 0.1 by default) when the rule
+    """Start gentle, and double the forget weight (up to `ceiling`: the run passes lambda_forget_max) when the rule
     stops making progress: after `patience` checks whose shortfall is not 1 % below the best so far, or, given a
     `horizon` (pace_steps), when the pace of the last `patience` checks would not bring the shortfall to 0 by it
     (steady but too slow: a secret's probability falling a few per cent per check). The default weight suits the
