@@ -2,13 +2,15 @@
 sequential fixture, the model's retain set as there (the other 380 QA and 60 world facts), with parameter
 overrides, to compare settings on what issue 28 measures: the erased set's exact match and greedy leakage against
 the collateral (exact match on a seeded 100 of the retain set; model utility on the 57 world facts no retain term
-protects). Prints one JSON line; nothing is written to the repository.
+protects), and the utility facts whose greedy answers it changed. Prints one JSON line; nothing is written to the
+repository.
 
     python -m bench.bench_one_request                                  # the default job
     python -m bench.bench_one_request --params '{"escalate_after": 0}'  # the forget weight never raised
-    python -m bench.bench_one_request --forget-weight-ceiling 0.1     # raised, but to 0.1 at most (the same as
-                                                                      # --params '{"lambda_forget_max": 0.1}')
-    python -m bench.bench_one_request --authors 186 187               # another pair (the fourth request's)"""
+    python -m bench.bench_one_request --forget-weight-ceiling 1       # raised to 1 at most (the same as
+                                                                      # --params '{"lambda_forget_max": 1}')
+    python -m bench.bench_one_request --authors 186 187               # another pair (the fourth request's)
+    python -m bench.bench_one_request --result run.json               # and the run's traces, to read its tail"""
 from __future__ import annotations
 
 import argparse
@@ -29,9 +31,11 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.bench_one_request")
     parser.add_argument("--params", default="{}", help="MASC parameters as JSON (the default job: none)")
     parser.add_argument("--forget-weight-ceiling", type=float, default=None,
-                        help="the escalation's ceiling for lambda_forget: lambda_forget_max (the default's is 1)")
+                        help="the escalation's ceiling for lambda_forget: lambda_forget_max (the default's is 0.1)")
     parser.add_argument("--authors", type=int, nargs=2, default=(180, 181), metavar=("FIRST", "SECOND"),
                         help="the two TOFU authors erased (the sequential benchmark's first request: 180 181)")
+    parser.add_argument("--result", default=None, metavar="FILE",
+                        help="also write the run's whole result (v_trace, loss_trace, per-record checks) as JSON")
     args = parser.parse_args(argv)
     overrides = json.loads(args.params)
     if args.forget_weight_ceiling is not None:
@@ -46,6 +50,9 @@ def main(argv: list[str] | None = None) -> None:
     outcome = run_unlearning(str(source), forget, retain, params=get_method("masc").parse(overrides))
     seconds = time.perf_counter() - started
     result = outcome.result.as_dict()
+    if args.result:
+        with open(args.result, "w") as out:
+            json.dump(result, out)
     sample = random.Random(0).sample(retain, 100)
     base = Measurer(source)
     with tempfile.TemporaryDirectory() as folder:
@@ -62,7 +69,15 @@ def main(argv: list[str] | None = None) -> None:
             "retain_exact_match": after.retain_exact_match(sample), "base_retain_exact_match":
                 base.retain_exact_match(sample),
             "utility": after.utility_parts(utility_set), "base_utility": base.utility_parts(utility_set),
+            "utility_answers_changed": changed_answers(base.answers(utility_set), after.answers(utility_set)),
             "answers": own["answers"]}))
+
+
+def changed_answers(before: dict[str, str], after: dict[str, str], shown: int = 10) -> dict:
+    """The utility facts whose greedy answer the run changed: how many, and the first `shown` of them."""
+    changed = [rid for rid in before if after[rid] != before[rid]]
+    return {"count": len(changed), "of": len(before),
+            "first": [{"id": rid, "base": before[rid], "after": after[rid]} for rid in changed[:shown]]}
 
 
 if __name__ == "__main__":

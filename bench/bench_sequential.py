@@ -41,6 +41,7 @@ import torch
 from bench.mini_tofu import ROOT, fixture, tofu_records, update_benchmarks, world_facts
 from lethe.engine.audit.extraction import request_secrets
 from lethe.engine.audit.measurements import EvaluationSet, evaluate, retain_utility, verbatim
+from lethe.engine.audit.metrics.text import generation_metrics
 from lethe.engine.model.loading import context_length, load_model
 
 RESULTS = ROOT / "bench" / "results" / "sequential.json"
@@ -75,6 +76,11 @@ class Measurer:
 
     def retain_exact_match(self, records: list[dict]) -> float:
         return verbatim(self.model, self.tokenizer, self.evaluation_set(records, "retain"))["exact_match"]["value"]
+
+    def answers(self, records: list[dict]) -> dict[str, str]:
+        """Each record's greedy answer to its prompt."""
+        chosen = self.evaluation_set(records, "retain")
+        return generation_metrics(self.model, self.tokenizer, chosen.main, chosen.references)["generated"]
 
     def utility(self, records: list[dict]) -> float:
         return self.utility_parts(records)["utility"]
