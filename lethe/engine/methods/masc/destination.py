@@ -6,9 +6,11 @@ counterfactuals) is at least `min_gain` nats. A request's named `secrets` replac
 content, whatever their gain. Adjacent content atoms make the record's content spans ("13 Linden Alley"): what
 must not come out again.
 
-Banned tokens B: every token that begins or spells a content atom, in the record's own tokenisation and in the
-atom's own (with and without a leading space); not punctuation, not a template word, not a lone character
-inside an atom (one digit of a number: the model must still be able to say some other number).
+Banned tokens B: every token of a content atom, in the record's own tokenisation and in the atom's own (with and
+without a leading space); not punctuation, not a template word, not a lone character inside an atom (one digit of
+a number: the model must still be able to say some other number). With word_pieces "first", of a word only the
+token that begins it (in each tokenisation), and only that token of the word is suppressed: its later pieces are
+what a small vocabulary shares with every other word.
 
 Targets: at each active position t a distribution q_t with no mass on B,
 
@@ -139,8 +141,9 @@ def named_atoms(record: dict, template: set[str]) -> list[Atom]:
 
 
 def banned_tokens(tokenizer, record: EncodedRecord, offsets: Offsets | None, atoms: list[Atom],
-                  template: set[str]) -> list[int]:
-    """B: the tokens that begin or spell the content atoms (see the module's docstring)."""
+                  template: set[str], first_only: bool = False) -> list[int]:
+    """B: the tokens that begin or spell the content atoms (see the module's docstring); `first_only`: of a word,
+    only the token that begins it (in each tokenisation), of a number every one."""
     banned: set[int] = set()
     active = record.input_ids[record.prompt_len:]
 
@@ -158,30 +161,38 @@ def banned_tokens(tokenizer, record: EncodedRecord, offsets: Offsets | None, ato
             first = False
 
     for atom in atoms:
+        cut = 1 if first_only and not atom.is_number else None
         if offsets is not None:
-            consider([active[k] for k in overlapping(offsets, atom.start, atom.end)], True)
+            consider([active[k] for k in overlapping(offsets, atom.start, atom.end)][:cut], True)
         for variant in (atom.text, " " + atom.text):
-            consider(tokenizer(variant, add_special_tokens=False)["input_ids"], False)
+            consider(tokenizer(variant, add_special_tokens=False)["input_ids"][:cut], False)
     specials = set(getattr(tokenizer, "all_special_ids", []) or [])
     return sorted(banned - specials)
 
 
-def focus_of(record: EncodedRecord, offsets: Offsets | None, atoms: list[Atom], spans: list[tuple[int, int]]
-             ) -> list[int]:
+def focus_of(record: EncodedRecord, offsets: Offsets | None, atoms: list[Atom], spans: list[tuple[int, int]],
+             first_only: bool = False) -> list[int]:
     """Per position: SECRET + k on the tokens of the k-th content span, TEMPLATE on the other active tokens (the end
-    of sequence too), SUPPRESS on a record without content (every active token) and on the prompt."""
+    of sequence too), SUPPRESS on a record without content (every active token) and on the prompt. `first_only`: of
+    a word atom only its first token is SECRET (a word the model cannot begin is not said; its later pieces, which a
+    small vocabulary shares with other words, stay TEMPLATE), of a number every token."""
     focus = [SUPPRESS] * len(record.input_ids)
     if not atoms or offsets is None:
         return focus
+    inner: set[int] = set()
+    if first_only:
+        for atom in atoms:
+            if not atom.is_number:
+                inner.update(overlapping(offsets, atom.start, atom.end)[1:])
     for k, o in enumerate(offsets):
         hit = next((j for j, (s, e) in enumerate(spans) if o and o[0] < e and s < o[1]), None)
-        focus[record.prompt_len + k] = SECRET + hit if hit is not None else TEMPLATE
+        focus[record.prompt_len + k] = SECRET + hit if hit is not None and k not in inner else TEMPLATE
     return focus
 
 
 def plan_contents(records: list[EncodedRecord], tokenizer, reference: Callable, device, template: set[str],
-                  pool_records: list[dict], *, min_gain: float, max_length: int, seed: int, batch_size: int = 16
-                  ) -> dict[str, Content]:
+                  pool_records: list[dict], *, min_gain: float, max_length: int, seed: int, batch_size: int = 16,
+                  first_only: bool = False) -> dict[str, Content]:
     """Every record's content, its focus on each position (set on the record) and its counterfactuals. `template`:
     the words the answers share (never content); `pool_records`: every record of the request (forget and retain),
     whose spelling tells names."""
@@ -204,12 +215,12 @@ def plan_contents(records: list[EncodedRecord], tokenizer, reference: Callable, 
         is_named = bool(named_secrets(source))
         atoms = named_atoms(source, template) if is_named else [a for a in found if a.key in w.content]
         spans = runs(atoms, said)
-        record.focus = focus_of(record, o, atoms, spans)
+        record.focus = focus_of(record, o, atoms, spans, first_only)
         cf = counterfactuals(record, o, w.substitutions, tokenizer, max_length, seed)
         out[record.id] = Content(
             atoms=atoms, spans=[said[s:e] for s, e in spans],
             gains={f"{a.text}@{a.start}": round(g, 3) for a, g in w.gains.items()},
-            banned=banned_tokens(tokenizer, record, o, atoms, template), named=is_named,
+            banned=banned_tokens(tokenizer, record, o, atoms, template, first_only), named=is_named,
             substitutions=cf.substitutions, aligned=bool(cf.encoded))
         record.counterfactuals = cf  # read once by record_targets, then dropped
     return out

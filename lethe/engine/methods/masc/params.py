@@ -56,6 +56,13 @@ class MascParams(SharedParams):
                    "\"whole\" = every active token, no destination (as published)", choices=("content", "whole"))
     min_gain: float = param(2.0, "content: memorisation gain (nats: log p_0 in the record's context minus in its "
                                  "counterfactuals') from which a word or number is the record's own content", ge=0)
+    # Issue 28: on the sequential fixture (a 2,048-token vocabulary) half the forget tokens were content pieces such
+    # as "ing" and "ar", and suppressing them broke world facts mid-word ("Chernobyl Po, US7.").
+    word_pieces: str = param("all", "content: which tokens of a content word the forget term suppresses and its "
+                                    "targets ban: every one, or its first (\"first\": a word the model cannot begin "
+                                    "is not said; its later pieces, which a small vocabulary shares with other "
+                                    "words, stay as theta_0 has them); every token of a number either way",
+                             choices=("all", "first"))
     lambda_target: float = param(1.0, "content: weight of KL(q_t || pi_theta), q_t each token's destination", ge=0)
     greedy_margin: float = param(1.0, "logits by which some token of each content span (of each whole record, "
                                       "end of sequence aside) must trail the argmax before greedy decoding counts "

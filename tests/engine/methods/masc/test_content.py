@@ -260,3 +260,47 @@ def test_no_draft_is_about_another_erased_person(fixture_model, forget_records, 
              for _, _, s, e in sub.prompt_pieces}
     # (the old draw gave {'tallinn', 'zuloori'}: a forget record's city and another's name)
     assert drawn and not drawn & forget_names, drawn & forget_names
+
+
+def test_first_only_focuses_and_bans_the_first_token_of_a_word_and_every_token_of_a_number(forget_records,
+                                                                                            retain_records):
+    """content_tokens "first": of a word atom only the token that begins it is suppressed and banned (its later
+    pieces are what a small vocabulary shares with other words); of a number every token, either way."""
+    from lethe.engine.methods.masc.destination import banned_tokens, focus_of, overlapping
+    from lethe.engine.model.fixture import train_tokenizer
+
+    tokenizer = train_tokenizer(forget_records + retain_records, 300)  # small: the words split into pieces
+    record = encode_record(RECORD, tokenizer, max_length=512, seed=0)
+    offsets = said_offsets(record, tokenizer)
+    said = RECORD["completion"]
+    atoms = [a for a in candidate_atoms(RECORD, TEMPLATE_WORDS) if a.text in ("13", "Linden", "Bremen")]
+    spans = runs(atoms, said)
+    every = focus_of(record, offsets, atoms, spans)[record.prompt_len:]
+    first = focus_of(record, offsets, atoms, spans, first_only=True)[record.prompt_len:]
+    active = record.input_ids[record.prompt_len:]
+    split = 0
+    for atom in atoms:
+        positions = overlapping(offsets, atom.start, atom.end)
+        assert all(every[k] >= SECRET for k in positions)
+        if atom.is_number:
+            assert all(first[k] >= SECRET for k in positions)
+            continue
+        split += len(positions) > 1
+        assert first[positions[0]] >= SECRET and all(first[k] == TEMPLATE for k in positions[1:])
+    assert split == 2  # both words are more than one token here, so the test tells the two apart
+    outside = [k for k in range(len(active)) if not any(k in overlapping(offsets, a.start, a.end) for a in atoms)]
+    assert [every[k] for k in outside] == [first[k] for k in outside]
+    all_banned = set(banned_tokens(tokenizer, record, offsets, atoms, TEMPLATE_WORDS))
+    first_banned = set(banned_tokens(tokenizer, record, offsets, atoms, TEMPLATE_WORDS, first_only=True))
+    assert first_banned < all_banned
+    starts = {active[overlapping(offsets, a.start, a.end)[0]] for a in atoms}
+    digits = {active[k] for a in atoms if a.is_number for k in overlapping(offsets, a.start, a.end)}
+    assert starts <= first_banned and digits & all_banned <= first_banned  # a lone digit inside is never banned
+    for atom in atoms:
+        if atom.is_number:
+            continue
+        variants = [tokenizer(v, add_special_tokens=False)["input_ids"] for v in (atom.text, " " + atom.text)]
+        later = {active[k] for k in overlapping(offsets, atom.start, atom.end)[1:]}
+        later |= {t for v in variants for t in v[1:]}
+        beginnings = starts | {v[0] for v in variants} | digits
+        assert not (later - beginnings) & first_banned and (later - beginnings) & all_banned
