@@ -200,9 +200,32 @@ def verdict_count(rows: list[dict]) -> str:
     return "Runs the per-record verdict calls \"Forgotten\":\n\n" + "\n".join(lines)
 
 
+FLAGS = {"--customers-only", "--tofu-only", "--no-baselines", "--default-only"}
+VALUED = {"--archs", "--seeds"}  # each takes the argument after it
+
+
+def check_arguments(argv: list[str]) -> None:
+    """The flags read from sys.argv below, and nothing else: --help prints the usage, an unknown argument stops
+    before any training (it once started the whole benchmark)."""
+    if "-h" in argv or "--help" in argv:
+        print(__doc__)
+        raise SystemExit(0)
+    k = 0
+    while k < len(argv):
+        if argv[k] in VALUED and k + 1 < len(argv):
+            k += 2
+        elif argv[k] in FLAGS:
+            k += 1
+        else:
+            raise SystemExit(f"python -m bench.bench_forgetting: unknown or incomplete argument {argv[k]!r} "
+                             f"(flags: {', '.join(sorted(FLAGS | VALUED))}; see --help)")
+
+
 def main() -> None:
     def log(line):
         print(line, file=sys.stderr, flush=True)
+
+    check_arguments(sys.argv[1:])
 
     torch.manual_seed(0)
     torch.set_num_threads(2)
