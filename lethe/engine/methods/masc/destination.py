@@ -142,8 +142,8 @@ def named_atoms(record: dict, template: set[str]) -> list[Atom]:
 
 def banned_tokens(tokenizer, record: EncodedRecord, offsets: Offsets | None, atoms: list[Atom],
                   template: set[str], first_only: bool = False) -> list[int]:
-    """B: the tokens that begin or spell the content atoms (see the module's docstring); `first_only`: of a word,
-    only the token that begins it (in each tokenisation), of a number every one."""
+    """B: the tokens of the content atoms (see the module's docstring); `first_only`: of a word only the token that
+    begins it (in each tokenisation), of a number every one."""
     banned: set[int] = set()
     active = record.input_ids[record.prompt_len:]
 
