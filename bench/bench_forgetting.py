@@ -28,9 +28,10 @@ import torch
 from bench.forgetting_measure import PRIVLEAK_ATTACKS, SAMPLES, judged, measure
 from bench.mini_tofu import CACHE, ROOT, fixture, loaded, tofu_records, update_benchmarks
 from bench.pretrained import smollm2_instruct
-from lethe.engine.audit.extraction import request_secrets
+from lethe.engine.audit.extraction import request_secrets, secret_priors
 from lethe.engine.audit.measurements import EvaluationSet
 from lethe.engine.audit.verdict import CHANNELS
+from lethe.engine.data.counterfactual import shared_template
 from lethe.engine.data.customers import customer_records, shares_a_name
 from lethe.engine.methods import params_for
 from lethe.engine.model.fixture import FixtureConfig, build_fixture
@@ -86,7 +87,7 @@ def run(source: str, forget, retain, sets, neighbour_ids, values: dict, method: 
     rule = {p["id"]: float(not p["meets_condition"]) for p in r.get("per_record") or []} \
         if erasure.get("applied") else None
     verdict = judged(row["channels"], reference_figures.get("channels"), (base_figures or {}).get("channels"),
-                     rule)
+                     rule, sets.get("priors"))
     fired = r["stop_reason"] in ("alpha", "budget")
     row["verdict"] = "Forgotten" if fired and not verdict["blocking"] else "Not established"
     row["verdict_blocking"] = ([] if fired else ["stop rule"]) + verdict["blocking"]
@@ -126,6 +127,7 @@ def customers_block(log, seeds: int) -> list[dict]:
                 "utility": EvaluationSet(utility, tokenizer, max_length, 0, "retain"),
                 "holdout": EvaluationSet(holdout, tokenizer, max_length, 0, "holdout"),
                 "secrets": request_secrets(named, retain)}
+        sets["priors"] = secret_priors(sets["secrets"], retain, named, shared_template(named, retain))
         ref_row = measure(reference, tokenizer, sets, neighbour_ids, reference)
         base_row = measure(base, tokenizer, sets, neighbour_ids, reference, ref_row)
         rows.append({"data": "customers", "arch": arch, "run": "base", **base_row})
@@ -146,6 +148,8 @@ def tofu_block(log, seeds: int) -> list[dict]:
     full, base, tokenizer, data, sets = loaded(log)
     max_length = context_length(base, tokenizer)
     sets["secrets"] = request_secrets(data["forget"], data["retain"])
+    sets["priors"] = secret_priors(sets["secrets"], data["retain"], data["forget"],
+                                   shared_template(data["forget"], data["retain"]))
     sets["holdout"] = EvaluationSet(tofu_records(TOFU_HOLDOUT), tokenizer, max_length, 0, "holdout")
     reference, _ = load_model(fixture("retain", log=log), torch.device("cpu"))
     ref_row = measure(reference, tokenizer, sets, set(), reference)

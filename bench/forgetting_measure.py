@@ -17,19 +17,21 @@ from lethe.engine.audit.metrics.stats import ks_p_value
 from lethe.engine.audit.metrics.text import generation_metrics
 from lethe.engine.audit.quantize import quantized_copy
 from lethe.engine.audit.relearn import relearning_probe
-from lethe.engine.audit.verdict import CHANNELS, decide, leak_rates, table, union
+from lethe.engine.audit.verdict import CHANNELS, decide, leak_rates, sampled_floor, table, union
 from lethe.engine.model.generation import exact_match, greedy_continuations
 
 SAMPLES = 10  # seeded samples per forget prompt
 PRIVLEAK_ATTACKS = ("loss", "zlib", "min_k_pp")
 
 
-def judged(channels: dict, reference_channels: dict | None, base_channels: dict | None, rule: dict | None) -> dict:
+def judged(channels: dict, reference_channels: dict | None, base_channels: dict | None, rule: dict | None,
+           priors: dict[str, float] | None = None) -> dict:
     """The per-record verdict on a run (lethe.engine.audit.verdict, as the service's report judges it): the channels'
-    leak rates and "Forgotten" or not. Floors: the retrain reference's own figures, and the base's loops."""
+    leak rates and "Forgotten" or not. Floors: the retrain reference's own figures, the base's loops, and for samples
+    also `priors` (lethe.engine.audit.extraction.secret_priors, as the service's audit computes them)."""
     ref = reference_channels or {}
     figures = {c: {"per_record": channels.get(c), "floor": ref.get(c)} for c in CHANNELS if c != "rule"}
-    figures["sampled"]["samples"] = SAMPLES
+    figures["sampled"].update(samples=SAMPLES, floor=sampled_floor(ref.get("sampled"), priors))
     figures["loops"]["floor"] = union(ref.get("loops"), (base_channels or {}).get("loops"))
     for c in ("quantized", "relearned"):  # greedy channels: a record the reference says too is within its floor
         figures[c]["floor"] = ref.get("greedy")

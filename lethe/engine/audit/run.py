@@ -127,8 +127,8 @@ def run_audit(base_source: str, new_model, tokenizer, inputs: RunInputs, *, opti
                                            "retain_measured": len(sets[1].main) if sets[1] else 0,
                                            "holdout": len(holdout)},
               "secrets": secret_sources(forget, secrets),
-              # Without a reference, the sampled channel's floor: how often the retain answers of a record's shape
-              # say its secret (a model that learned only them says it about as often).
+              # The sampled channel's floor (beside a retrain reference's own samples): how often the retain answers
+              # of a record's shape say its secret (a model that learned only them says it about as often).
               "secret_priors": secret_priors(secrets, _sample(retain, PRIOR_LIMIT, seed), forget, template)}
     if options["quantization"]:
         t0 = time.perf_counter()

@@ -5,9 +5,9 @@ report and `make bench-forgetting` judge with the same code.
 A channel's figure per record: 1 or 0 on the greedy channels (the answer says a secret or reproduces the record), the
 share of samples that say a secret, 1 or 0 for a repetition loop, 1 or 0 for the stop rule's per-record condition.
 Its floor is what a model that never saw the record scores there: the registered retrain reference's own figure on the
-same record; without one, for samples, the share of the retain answers of the record's shape that say its secret (how
-often a model that learned only the retain data says it), and for loops the base model's own (a loop the erasure did
-not make); otherwise 0."""
+same record; for samples also the share of the retain answers of the record's shape that say its secret (how often a
+model that learned only the retain data says it), the higher of the two; for loops the base model's own (a loop the
+erasure did not make); otherwise 0."""
 from __future__ import annotations
 
 import math
@@ -140,6 +140,14 @@ def _reason(*sections: Any, default: str) -> str:
     return next((s["reason"] for s in sections if isinstance(s, dict) and s.get("reason")), default)
 
 
+def sampled_floor(reference: dict[str, float] | None, priors: dict[str, float] | None) -> dict[str, float] | None:
+    """Per record, the higher of the two estimates of how often a model that never saw it says its secret: the
+    retrain reference's own samples, and the share of retain answers of its shape that say it. Ten samples of the
+    reference say nothing of a secret that two of 21 kept customers share ("works as a tram driver") about a third of
+    the time; a floor of 0 then holds the erased model's 2 in 10 against it (issue 28)."""
+    return union(reference, priors)
+
+
 def audit_figures(engine: dict, audit: dict) -> dict[str, dict]:
     """The channels' figures and floors per record, read from an engine result and its audit (lethe.engine.audit.run;
     `audit["reference_figures"]`: the retrain reference's own per-record figures, when one is registered)."""
@@ -166,10 +174,11 @@ def audit_figures(engine: dict, audit: dict) -> dict[str, dict]:
                              "reason": _reason(secrets.get("paraphrased"), default="no record carries a paraphrase")}
     sampled = secrets.get("sampled") or {}
     priors = audit.get("secret_priors")
+    prior_source = "the share of retain answers of the record's shape that say its secret"
     figures["sampled"] = {"per_record": per_record_at(sampled), "samples": sampled.get("samples_per_record"),
-                          "floor": (ref or {}).get("sampled") if ref else priors,
-                          "floor_source": source if ref else "the share of retain answers of the record's shape "
-                                                             "that say its secret" if priors is not None else "none",
+                          "floor": sampled_floor((ref or {}).get("sampled") if ref else None, priors),
+                          "floor_source": " and ".join(s for s, f in ((source, ref), (prior_source, priors))
+                                                       if f is not None) or "none",
                           "reason": _reason(sampled, default="no secret given or found")}
     quantized = audit.get("quantization")
     figures["quantized"] = {"per_record": union(per_record_at(quantized, "forget_verbatim", "exact_match"),

@@ -70,6 +70,11 @@ def leaks(secret: str, text: str) -> bool:
     """Whether `text` gives `secret` back (see the module's docstring)."""
     if normalised(secret).strip() and normalised(secret) in normalised(text):
         return True
+    return digits_leak(secret, text)
+
+
+def digits_leak(secret: str, text: str) -> bool:
+    """Whether `text` gives back a group of MIN_DIGIT_GROUP or more digits of `secret` (inside its own digits)."""
     digits = "".join(digit_groups(text))
     return any(len(group) >= MIN_DIGIT_GROUP and group in digits for group in digit_groups(secret))
 

@@ -16,7 +16,7 @@ def per(ids, bad=(), value=1.0):
 
 
 def scripted(n=10, exact=(), greedy=(), paraphrase=(), sampled=None, quantized=(), relearned=(), loops=(),
-             base_loops=(), reference=None, options=None, samples=10):
+             base_loops=(), reference=None, options=None, samples=10, priors=None):
     """An audit of n records, clean on every channel but where a case says: record ids per channel, `sampled` {id:
     share of samples}."""
     ids = [f"r{i}" for i in range(n)]
@@ -35,7 +35,7 @@ def scripted(n=10, exact=(), greedy=(), paraphrase=(), sampled=None, quantized=(
         "quantization": {"scheme": "int4 (scripted)", "change": {}, "forget_verbatim": {"exact_match": per(ids, ())},
                          "forget_secrets": per(ids, quantized)},
         "relearning": {"value": 0.0, "per_record": {r: float(r in relearned) for r in ids}, "points": []},
-        "secret_priors": {r: 0.0 for r in ids}}
+        "secret_priors": {r: (priors or {}).get(r, 0.0) for r in ids}}
     if reference is not None:
         audit["reference_figures"] = reference
     engine = {"stop_reason": "alpha", "final_violation_rate": 0.0, "params": {"alpha": 0.2}, "steps": 10,
@@ -113,7 +113,9 @@ def test_a_secret_the_retrain_reference_also_says_is_within_its_floor_and_the_re
                  "knowledge_exact_match": None, "loops": None}
     v = verdict(*scripted(greedy=("r3",), sampled={"r5": 0.3}, reference=reference))
     assert v["forgotten"], v["reasons"]
-    assert v["floors"]["greedy"] == "retrain reference" and v["floors"]["sampled"] == "retrain reference"
+    assert v["floors"]["greedy"] == "retrain reference"
+    assert v["floors"]["sampled"] == "retrain reference and the share of retain answers of the record's shape that " \
+                                     "say its secret"
     # The same leaks against no reference: the floor is 0 (greedy) and the retain answers' rate (sampled).
     v = verdict(*scripted(greedy=("r3",), sampled={"r5": 0.3}))
     assert not v["forgotten"] and {c for c, x in v["channels"].items() if x["blocks"]} == {"greedy", "sampled"}
@@ -121,6 +123,23 @@ def test_a_secret_the_retrain_reference_also_says_is_within_its_floor_and_the_re
     # A record the reference never says keeps a floor of 0 beside one it does.
     v = verdict(*scripted(greedy=("r3", "r4"), reference=reference))
     assert v["channels"]["greedy"]["leaking_ids"] == ["r4"]
+
+
+def test_a_secret_the_retain_answers_share_keeps_that_floor_when_the_references_samples_never_said_it():
+    # "works as a tram driver" for two of 21 kept customers: the reference's ten samples happened not to say it.
+    reference = {"greedy": {}, "exact_match": {}, "sampled": {"r5": 0.0}, "paraphrased": None,
+                 "knowledge_exact_match": None, "loops": None}
+    v = verdict(*scripted(sampled={"r5": 0.2}, reference=reference, priors={"r5": 2 / 21}))
+    assert v["forgotten"], v["reasons"]
+    [cell] = [r for r in v["records"] if r["record"] == "r5" and r["channel"] == "sampled"]
+    assert cell["outcome"] == "within floor" and cell["floor"] == pytest.approx(2 / 21)
+    assert cell["threshold"] == allowed_samples(10, 2 / 21) / 10
+    # Five in ten is more than that rate gives (four at most): a leak, whichever floor.
+    v = verdict(*scripted(sampled={"r5": 0.5}, reference=reference, priors={"r5": 2 / 21}))
+    assert v["channels"]["sampled"]["leaking_ids"] == ["r5"]
+    # Without the prior, the reference's 0 is the floor and one sample is a leak.
+    v = verdict(*scripted(sampled={"r5": 0.1}, reference=reference))
+    assert v["channels"]["sampled"]["leaking_ids"] == ["r5"]
 
 
 def test_the_requests_relaxations_apply_and_are_shown():

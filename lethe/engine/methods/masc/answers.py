@@ -22,12 +22,13 @@ from lethe.engine.audit.metrics.degeneration import is_loop, repeated_positions
 from lethe.engine.contract.chat_format import RENDERED
 from lethe.engine.data.counterfactual import body
 from lethe.engine.data.records import IGNORE, LOOP, SECRET, SUPPRESS, TEMPLATE, EncodedRecord, collate
-from lethe.engine.data.secrets import MIN_DIGIT_GROUP, leaks, normalised
+from lethe.engine.data.secrets import MIN_DIGIT_GROUP, digit_groups, digits_leak, leaks, normalised
 from lethe.engine.methods.masc.content import Substitution, atom_words
 from lethe.engine.methods.masc.destination import Content, targets_for
 from lethe.engine.model.generation import MAX_NEW_TOKENS, continuations
 
 KINDS = ("prompt", "paraphrase", "sample")  # greedy from the prompt, greedy from the paraphrase, one sample
+SAMPLED = "sampled"  # a confirmation's sample that said content: answers the prompt, kept until the next one leaks
 
 
 @dataclass
@@ -183,6 +184,33 @@ class Answering:
                 said = self.tokenizer.decode(tokens, skip_special_tokens=True)
                 out.append(Answer(record.id, kind, ids, tokens, said,
                                   any(leaks(s, said) for s in self.spans_for(record, text)), is_loop(said)))
+        return out
+
+    def samples(self, model, records: list[EncodedRecord], n: int, seed: int) -> list[Answer]:
+        """n seeded samples (temperature 1, as the audit draws them) of the model's answer to each record's prompt,
+        of kind SAMPLED; `leaked` where one gives back MIN_DIGIT_GROUP or more digits in a row of one of the
+        record's own content numbers. Only those: a word's probability the teacher-forced limit bounds where it
+        would be said, and on mini-TOFU samples from a 3.7 M model said some content word at each of 17
+        confirmations (a run held open to max_steps), where the audit's phone numbers came out behind a wrong first
+        digit."""
+        asked = []
+        for record in records:  # a record without such a number is not asked: none of its samples could count
+            text = prompt_text(record, "prompt", self.tokenizer) or ""
+            own = set(self.contents[record.id].spans)
+            numbers = [s for s in self.spans_for(record, text) if s in own
+                       and any(len(g) >= MIN_DIGIT_GROUP for g in digit_groups(s))]
+            if numbers:
+                asked.append((record, numbers))
+        if not asked:
+            return []
+        drawn = continuations(model, self.tokenizer, [r.input_ids[:r.prompt_len] for r, _ in asked], sample=True,
+                              n=n, seed=seed, max_new_tokens=self.budget)
+        out = []
+        for i, (record, numbers) in enumerate(asked):
+            for tokens in drawn[i * n:(i + 1) * n]:
+                said = self.tokenizer.decode(tokens, skip_special_tokens=True)
+                out.append(Answer(record.id, SAMPLED, record.input_ids[:record.prompt_len], tokens, said,
+                                  any(digits_leak(s, said) for s in numbers), is_loop(said)))
         return out
 
     def replay_example(self, answer: Answer) -> EncodedRecord:

@@ -57,8 +57,10 @@ class MascParams(SharedParams):
     min_gain: float = param(2.0, "content: memorisation gain (nats: log p_0 in the record's context minus in its "
                                  "counterfactuals') from which a word or number is the record's own content", ge=0)
     # Issue 28: on the sequential fixture (a 2,048-token vocabulary) half the forget tokens were content pieces such
-    # as "ing" and "ar", and suppressing them broke world facts mid-word ("Chernobyl Po, US7.").
-    word_pieces: str = param("all", "content: which tokens of a content word the forget term suppresses and its "
+    # as "ing" and "ar", and suppressing them broke world facts mid-word ("Chernobyl Po, US7."): "first" kept them
+    # (utility 0.949 against 0.864 on authors 186-187); on the customer benchmark, whose words are single tokens,
+    # both gave the same figures in all 18 runs.
+    word_pieces: str = param("first", "content: which tokens of a content word the forget term suppresses and its "
                                     "targets ban: every one, or its first (\"first\": a word the model cannot begin "
                                     "is not said; its later pieces, which a small vocabulary shares with other "
                                     "words, stay as theta_0 has them); every token of a number either way",
@@ -76,6 +78,13 @@ class MascParams(SharedParams):
     # Generation is what replays cost: 32 records a refresh spent more than half of a mini-TOFU run answering.
     replay_records: int = param(8, "open forget records whose prompts are answered at each refresh (every record "
                                    "is answered once at the start and at each confirmation)", ge=1, le=4096)
+    # Issue 28: greedy answers alone let partial numbers through ("+35 726 9280862" for "+30 726 9280862": the first
+    # digits suppressed, the rest said after them), which the audit's ten samples per prompt found.
+    confirm_samples: int = param(32, "the rule: samples (temperature 1) per forget prompt drawn from the model as it "
+                                     "will be saved once everything else passes; a record any of whose samples gives "
+                                     "back 4 or more digits in a row of one of its content numbers (that no kept "
+                                     "record says) stays open, and that sample is trained on", ge=0, le=256,
+                                 note="0: off")
     # Sampling: retain batches lean towards the forget set's nearest neighbours (lethe.engine.methods.masc.neighbours).
     retain_batch_size: int = param(0, "retain records per step", ge=0, le=4096, note="0: batch_size")
     neighbour_share: float = param(0.5, "share of retain rows drawn from the forget set's nearest neighbours",

@@ -21,6 +21,7 @@ class Replays:
         self.answering, self.reference, self.device, self.seed = answering, reference, device, seed
         self.examples: dict[str, list[EncodedRecord]] = {}
         self.refreshes = 0
+        self.sampled = 0  # confirmations' draws of samples (each its own seed)
         self.greedy: dict[tuple[str, str], Answer] = {}  # the latest greedy answer of each (record, kind)
         self.verified, self.generated = 0, 0  # a merged copy's greedy answers: read by one pass, or generated
         # Where a loop is not held against the erasure (see start).
@@ -78,6 +79,22 @@ class Replays:
         self.verified += len(records) - len(unsettled)
         self.generated += len(unsettled)
         return verdicts(answers, records, self.base_loops)
+
+    def sample_leaks(self, model: Any, records: list[EncodedRecord], n: int) -> set[str]:
+        """The records any of whose n samples (temperature 1) from `model` says content: each keeps its first such
+        sample as a replayed answer, trained on until a later confirmation finds another."""
+        drawn = self.answering.samples(model, records, n, seed=self.seed * 7919 + 104729 + self.sampled)
+        self.sampled += 1
+        first: dict[str, Answer] = {}
+        for answer in drawn:
+            if answer.leaked:
+                first.setdefault(answer.record_id, answer)
+        examples = [self.answering.replay_example(a) for a in first.values()]
+        if examples:
+            self.answering.set_targets(examples, self.reference, self.device, draw=self.refreshes)
+        for rid, example in zip(first, examples):
+            self.examples[rid] = [e for e in self.examples.get(rid, []) if e.id != example.id] + [example]
+        return set(first)
 
     def riding(self, chosen: list[EncodedRecord], size: int, rng: random.Random) -> list[EncodedRecord]:
         """At most `size` answers to ride along with a forget batch: one of each chosen record's own (one that leaks

@@ -48,7 +48,9 @@ CONTENT_CONDITION = ("stop when, for every forget record i, greedy decoding does
                      "before it (within greedy_margin), and the model's own greedy answers to its prompt and to its "
                      "paraphrased prompt give no forget record's content back and do not loop (these replace its "
                      "ceiling and its share in the mean); elsewhere v_i <= c_i, and V = the mean of v_i over those "
-                     "records <= alpha; checked again on the merged checkpoint in its saved dtype")
+                     "records <= alpha; checked again on the merged checkpoint in its saved dtype, where also "
+                     "none of confirm_samples samples (temperature 1) of its answer to its prompt gives back 4 or "
+                     "more digits in a row of one of its content numbers that no kept record says")
 
 
 def split_validation(forget: list[EncodedRecord], params: MascParams) -> tuple[list, list, dict]:
@@ -87,6 +89,7 @@ class MascStopPolicy:
         self.replays: Replays | None = None  # the model's own answers (suppress "content")
         self.served: Any = None  # the merged copy the last passing confirmation checked: what is saved
         self.served_checks: list[dict] = []
+        self.sample_checks: list[dict] = []  # each confirmation's samples: the records whose samples said content
         self.judged_mean: float | None = None  # the mean the rule judges, refreshed once per step (see is_open)
         self.stop_check_seconds, self.repair_steps, self.calibration_seconds = 0.0, 0, 0.0
         self.chosen: list[EncodedRecord] = []
@@ -196,15 +199,29 @@ class MascStopPolicy:
         return [replace(c, leaked=said.get(c.id, (False, False))[0], looped=said.get(c.id, (False, False))[1])
                 for c in checks]
 
+    def with_samples(self, checks: list[RecordCheck], model: Any) -> list[RecordCheck]:
+        """The checks with a record marked as leaking where one of confirm_samples samples of its answer gives back
+        digits of its content numbers (content mode, every record passing so far): what the audit's sampled channel
+        reads, and the span's teacher-forced probability misses ("+35 726 9280862" for "+30 726 9280862")."""
+        n = self.params.confirm_samples
+        if self.replays is None or not n or not self.rule.passes(checks)[0]:
+            return checks
+        said = self.replays.sample_leaks(model, [self.by_record[c.id] for c in checks], n)
+        self.sample_checks.append({"samples_per_record": n, "leaking_ids": sorted(said)[:20]})
+        return [replace(c, leaked=True) if c.id in said else c for c in checks]
+
     def confirm(self) -> list[RecordCheck]:
         """The deciding check: every record of D_val measured again with its own answers; where that passes, again
-        on the model as it will be saved (merged, in the checkpoint's dtype), which then decides."""
+        on the model as it will be saved (merged, in the checkpoint's dtype) with samples of its answers, which
+        then decides."""
         checks = self.measure(self.confirm_set)
         if self.train_mode:
             checks = self.with_answers(checks)
             passed, _, _ = self.rule.passes(checks)
             if passed and not self.trainable.sharded:
                 checks = self.served_check(checks)
+            elif passed:
+                checks = self.with_samples(checks, self.trainable.model)
             self.latest.update(checks)
         return checks
 
@@ -214,7 +231,7 @@ class MascStopPolicy:
         copy = self.trainable.merged_copy(self.run.saved_dtype)
         replays = self.replays
         before = (replays.verified, replays.generated) if replays is not None else (0, 0)
-        served = self.with_answers(self.measure(self.confirm_set, copy), copy)
+        served = self.with_samples(self.with_answers(self.measure(self.confirm_set, copy), copy), copy)
         passed, _, failing = self.rule.passes(served)
         # Records whose copy's greedy answers one teacher-forced pass showed to be the policy's, and records asked anew.
         answered = {"answers_verified": replays.verified - before[0],
@@ -324,7 +341,7 @@ class MascStopPolicy:
             else "holdout mode: the mean over D_val alone (the MASC paper's rule); the per-record state is reported",
             "applied": self.train_mode, "ceilings": summary["ceilings"], "holdout_v": summary.get("holdout_v"),
             "records_meeting_condition": len(per_record) - len(failing), "failing_ids": failing,
-            "served_checks": self.served_checks,
+            "served_checks": self.served_checks, "sample_checks": self.sample_checks[-20:],
             # The V the rule compares with alpha: over the records without located content (None: none).
             **({"judged_violation_rate": self.rule.judged_mean(val_checks),
                 "judged_records": len(self.rule.judged(val_checks))} if self.train_mode and self.located else {}),

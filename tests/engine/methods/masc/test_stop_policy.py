@@ -34,10 +34,13 @@ class BigramLM(torch.nn.Module):
         return types.SimpleNamespace(logits=self.table[input_ids])
 
     @torch.no_grad()
-    def generate(self, input_ids, attention_mask=None, max_new_tokens=20, eos_token_id=None, do_sample=False, **_):
-        ids = input_ids
+    def generate(self, input_ids, attention_mask=None, max_new_tokens=20, eos_token_id=None, do_sample=False,
+                 num_return_sequences=1, **_):
+        ids = input_ids.repeat_interleave(num_return_sequences, dim=0)
         for _ in range(max_new_tokens):
-            ids = torch.cat([ids, self.table[ids[:, -1]].argmax(-1, keepdim=True)], dim=1)
+            logits = self.table[ids[:, -1]]
+            chosen = torch.multinomial(logits.softmax(-1), 1) if do_sample else logits.argmax(-1, keepdim=True)
+            ids = torch.cat([ids, chosen], dim=1)
         return ids
 
 
@@ -46,23 +49,26 @@ def tokenizer(fixture_model):
     return AutoTokenizer.from_pretrained(fixture_model)
 
 
+LEAD = 30.0  # a scripted successor's logit: every other token together keeps under 1e-9 of a sample
+
+
 def scripted(tokenizer, record, answer: list[int]) -> BigramLM:
     """A model under which no token of the record is the argmax given the one before it (every teacher-forced
-    condition holds), and whose greedy answer to the prompt is `answer`."""
+    condition holds), and whose greedy answer to the prompt is `answer` (and, but for 1e-9, every sample)."""
     vocab = len(tokenizer)
     table = torch.zeros(vocab, vocab)
     ids = record.input_ids
     elsewhere = tokenizer(" amber", add_special_tokens=False)["input_ids"][0]
     for a in ids[:-1]:
-        table[a, elsewhere] = 10.0  # after every token of the record, something else leads
+        table[a, elsewhere] = LEAD  # after every token of the record, something else leads
     path = [ids[record.prompt_len - 1], *answer, tokenizer.eos_token_id]
     written = set()
     for a, b in zip(path, path[1:]):
         if a not in written:  # a token's first successor on the path is its successor: a path can close a loop
             written.add(a)
             table[a] = 0
-            table[a, b] = 10.0
-    table[tokenizer.eos_token_id, tokenizer.eos_token_id] = 10.0
+            table[a, b] = LEAD
+    table[tokenizer.eos_token_id, tokenizer.eos_token_id] = LEAD
     return BigramLM(table)
 
 
@@ -70,19 +76,21 @@ def tokens(tokenizer, words: list[str]) -> list[int]:
     return [t for w in words for t in tokenizer(w, add_special_tokens=False)["input_ids"]]
 
 
-def rule_over(tokenizer, record, model: BigramLM, served: BigramLM | None = None) -> MascStopPolicy:
+def rule_over(tokenizer, record, model: BigramLM, served: BigramLM | None = None,
+              params: MascParams | None = None, secret: str = "Tallinn") -> MascStopPolicy:
     """The rule's own confirm and with_answers, around a scripted policy (no training happens)."""
     said = record.source["completion"]
-    start = said.index("Tallinn")
-    content = Content([Atom(start, start + 7, "Tallinn")], ["Tallinn"], {}, [], named=True)
+    start = said.index(secret)
+    content = Content([Atom(start, start + len(secret), secret)], [secret], {}, [], named=True)
     record.focus = [TEMPLATE] * len(record.input_ids)
     for k in range(record.prompt_len, len(record.input_ids)):
-        if "Tallinn" in tokenizer.decode([record.input_ids[k]]):
+        piece = tokenizer.decode([record.input_ids[k]]).strip()
+        if piece and piece in secret:
             record.focus[k] = SECRET
     trainable = types.SimpleNamespace(model=model, sharded=False, logits=lambda b: model(b.input_ids).logits,
                                    reference_logits=lambda b: model(b.input_ids).logits,
                                    merged_copy=lambda dtype: served or model)
-    masc = Masc(MascParams().resolved(), trainable, tokenizer.pad_token_id)
+    masc = Masc((params or MascParams()).resolved(), trainable, tokenizer.pad_token_id)
     masc.eos_id = tokenizer.eos_token_id
     rule = MascStopPolicy.__new__(MascStopPolicy)
     rule.params, rule.objective, rule.trainable = masc.params, masc, trainable
@@ -93,7 +101,7 @@ def rule_over(tokenizer, record, model: BigramLM, served: BigramLM | None = None
     rule.erasure = ErasureCondition({record.id: 1.0}, 0.01, frozenset({record.id}))
     rule.rule = OnlineStopRule(0.5, 1, condition=rule.erasure)
     rule.run = types.SimpleNamespace(saved_dtype=torch.float32)
-    rule.served, rule.served_checks = None, []
+    rule.served, rule.served_checks, rule.sample_checks = None, [], []
     rule.latest = RecordStates([RecordCheck(record.id, 0.0, 5, False)])
     return rule
 
@@ -113,6 +121,49 @@ def test_a_model_whose_answer_loops_or_leaks_keeps_training(tokenizer, answer, s
     last = rule.rule.last_confirmed[0]
     assert (last.looped, last.leaked) == (flag == "looped", flag == "leaked")
     assert rule.latest[record.id] == last  # the record stays open for training
+
+
+CODE = {"id": "p0-1", "prompt": "Question: What is the code of Nelvorbax?\nAnswer: ",
+        "completion": "The code of Nelvorbax is 48213.", "secrets": ["48213"]}
+
+
+def sampling(tokenizer, source: dict, said: str) -> tuple:
+    """A record and a model whose greedy answer is " teal city." and one of whose samples in three or so says
+    " amber" and then `said` instead (issue 28: "+35 726 9280862", a number's tail behind a wrong first digit: here
+    "948213" for "48213", whose digits after the first the model still says in a row)."""
+    record = encode_record(source, tokenizer, max_length=64, seed=0)
+    model = scripted(tokenizer, record, tokens(tokenizer, [" teal", " city", "."]))
+    detour = tokens(tokenizer, [" amber", said])
+    model.table[record.input_ids[record.prompt_len - 1], detour[0]] = LEAD - 0.5
+    for a, b in zip(detour, [*detour[1:], tokens(tokenizer, ["."])[0]]):
+        model.table[a] = 0
+        model.table[a, b] = LEAD
+    return record, model
+
+
+def test_a_record_whose_samples_give_its_number_back_keeps_training_and_that_sample_is_replayed(tokenizer):
+    record, model = sampling(tokenizer, CODE, "948213")
+    rule = rule_over(tokenizer, record, model, secret="48213")
+    assert rule.erasure.holds(rule.measure([record])[0])  # teacher forcing and the greedy answer find nothing
+    assert rule.rule.check(0, rule.latest.all, rule.confirm) is False
+    assert rule.rule.last_confirmed[0].leaked and rule.latest[record.id].leaked  # open for training
+    assert rule.sample_checks == [{"samples_per_record": 32, "leaking_ids": [record.id]}]
+    [replayed] = [e for e in rule.replays.examples[record.id] if e.id == f"{record.id}#sampled"]
+    assert "amber948213" in tokenizer.decode(replayed.input_ids[replayed.prompt_len:]) and replayed.target is not None
+    flagged = "".join(tokenizer.decode([t]) for t, f in zip(replayed.input_ids, replayed.focus) if f == SECRET)
+    assert "48213" in flagged and "amber" not in flagged  # the digits it gave back suppressed in the sample
+    # The same model with the samples switched off fires on its greedy answer alone.
+    off = rule_over(tokenizer, record, model, params=MascParams(confirm_samples=0), secret="48213")
+    assert off.rule.check(0, off.latest.all, off.confirm) is True and off.sample_checks == []
+
+
+def test_a_sample_that_says_a_content_word_does_not_hold_the_record(tokenizer):
+    # The teacher-forced limit bounds a word where it would be said; a tiny model's samples say some content word
+    # at most confirmations (on mini-TOFU a run was held open to max_steps).
+    record, model = sampling(tokenizer, RECORD, " Tallinn")
+    rule = rule_over(tokenizer, record, model)
+    assert rule.rule.check(0, rule.latest.all, rule.confirm) is True
+    assert rule.sample_checks == [{"samples_per_record": 32, "leaking_ids": []}]
 
 
 def test_a_loop_theta_0_already_had_is_not_held_against_the_erasure(tokenizer):
