@@ -147,15 +147,17 @@ def test_final_violation_rate_is_the_full_statistic_also_at_max_steps(fixture_mo
     assert r["final_violation_rate"] != r["v_trace"][-1]["v"] or r["v_trace"][-1]["step"] == 7
 
 
+@pytest.mark.parametrize("word_pieces", ["first", "all"])
 def test_named_secrets_narrow_the_content_and_plain_records_keep_theirs(fixture_model, forget_records,
-                                                                        retain_records):
+                                                                        retain_records, word_pieces):
     """Records that name their `secrets` have exactly those as content; the others in the same request find theirs
-    by memorisation gain: one default for both."""
+    by memorisation gain: one default for both. Of a named word, its first token is content ("first", the default)
+    or every one ("all")."""
     # The last word of each record but a pet's ("home" of "keeps a pony at home": template, every pet record says it).
     chosen = [r for r in forget_records if not r["completion"].endswith("at home.")][:5]
     named = {r["id"]: dict(r, secrets=[r["completion"].rstrip(".").split()[-1]]) for r in chosen}
     forget = [named.get(r["id"], r) for r in forget_records]
-    outcome = run_unlearning(str(fixture_model), forget, retain_records, params=MascParams.from_dict({"max_steps": 3}))
+    outcome = run_unlearning(str(fixture_model), forget, retain_records, params=MascParams.from_dict({"max_steps": 3, "word_pieces": word_pieces}))
     r = outcome.result.as_dict()
     by_id = {p["id"]: p for p in r["per_record"]}
     assert r["secrets"]["given"] == 5 and r["secrets"]["by_gain"] >= 1
@@ -164,7 +166,10 @@ def test_named_secrets_narrow_the_content_and_plain_records_keep_theirs(fixture_
     for rid, record in named.items():
         ids = tokenizer(" " + record["secrets"][0], add_special_tokens=False)["input_ids"]
         secret_tokens = sum(bool(tokenizer.decode([t]).strip()) for t in ids)  # not a token of the space alone
-        assert by_id[rid]["content_tokens"] == secret_tokens
+        assert by_id[rid]["content_tokens"] == (secret_tokens if word_pieces == "all" else 1)
+    if word_pieces == "first":  # the fixture's vocabulary splits some of these words: the two modes differ
+        assert any(sum(bool(tokenizer.decode([t]).strip()) for t in tokenizer(" " + rec["secrets"][0],
+                   add_special_tokens=False)["input_ids"]) > 1 for rec in named.values())
 
 
 def test_at_max_steps_the_answer_flags_are_fresh_and_decide(fixture_model, forget_records, retain_records):

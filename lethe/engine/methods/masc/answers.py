@@ -28,7 +28,7 @@ from lethe.engine.methods.masc.destination import Content, targets_for
 from lethe.engine.model.generation import MAX_NEW_TOKENS, continuations
 
 KINDS = ("prompt", "paraphrase", "sample")  # greedy from the prompt, greedy from the paraphrase, one sample
-SAMPLED = "sampled"  # a confirmation's sample that said content: answers the prompt, kept until the next one leaks
+SAMPLED = "sampled"  # a confirmation's sample that gave a content number back: kept until the next one does
 
 
 @dataclass

@@ -81,8 +81,9 @@ class Replays:
         return verdicts(answers, records, self.base_loops)
 
     def sample_leaks(self, model: Any, records: list[EncodedRecord], n: int) -> set[str]:
-        """The records any of whose n samples (temperature 1) from `model` says content: each keeps its first such
-        sample as a replayed answer, trained on until a later confirmation finds another."""
+        """The records any of whose n samples (temperature 1) from `model` gives one of their content numbers back
+        (Answering.samples): each keeps its first such sample as a replayed answer, trained on until a later
+        confirmation finds another."""
         drawn = self.answering.samples(model, records, n, seed=self.seed * 7919 + 104729 + self.sampled)
         self.sampled += 1
         first: dict[str, Answer] = {}

@@ -89,7 +89,7 @@ class MascStopPolicy:
         self.replays: Replays | None = None  # the model's own answers (suppress "content")
         self.served: Any = None  # the merged copy the last passing confirmation checked: what is saved
         self.served_checks: list[dict] = []
-        self.sample_checks: list[dict] = []  # each confirmation's samples: the records whose samples said content
+        self.sample_checks: list[dict] = []  # each confirmation's samples: the records whose numbers came back
         self.judged_mean: float | None = None  # the mean the rule judges, refreshed once per step (see is_open)
         self.stop_check_seconds, self.repair_steps, self.calibration_seconds = 0.0, 0, 0.0
         self.chosen: list[EncodedRecord] = []
