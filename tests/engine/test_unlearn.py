@@ -157,7 +157,8 @@ def test_named_secrets_narrow_the_content_and_plain_records_keep_theirs(fixture_
     chosen = [r for r in forget_records if not r["completion"].endswith("at home.")][:5]
     named = {r["id"]: dict(r, secrets=[r["completion"].rstrip(".").split()[-1]]) for r in chosen}
     forget = [named.get(r["id"], r) for r in forget_records]
-    outcome = run_unlearning(str(fixture_model), forget, retain_records, params=MascParams.from_dict({"max_steps": 3, "word_pieces": word_pieces}))
+    outcome = run_unlearning(str(fixture_model), forget, retain_records,
+                             params=MascParams.from_dict({"max_steps": 3, "word_pieces": word_pieces}))
     r = outcome.result.as_dict()
     by_id = {p["id"]: p for p in r["per_record"]}
     assert r["secrets"]["given"] == 5 and r["secrets"]["by_gain"] >= 1
