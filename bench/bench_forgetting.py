@@ -126,8 +126,8 @@ def customers_block(log, seeds: int) -> list[dict]:
                 "retain": EvaluationSet(retain, tokenizer, max_length, 0, "retain"),
                 "utility": EvaluationSet(utility, tokenizer, max_length, 0, "retain"),
                 "holdout": EvaluationSet(holdout, tokenizer, max_length, 0, "holdout"),
-                "secrets": request_secrets(named, retain)}
-        sets["priors"] = secret_priors(sets["secrets"], retain, named, shared_template(named, retain))
+                "secrets": request_secrets(named, retain, template := shared_template(named, retain))}
+        sets["priors"] = secret_priors(sets["secrets"], retain, named, template)
         ref_row = measure(reference, tokenizer, sets, neighbour_ids, reference)
         base_row = measure(base, tokenizer, sets, neighbour_ids, reference, ref_row)
         rows.append({"data": "customers", "arch": arch, "run": "base", **base_row})
@@ -147,9 +147,9 @@ def customers_block(log, seeds: int) -> list[dict]:
 def tofu_block(log, seeds: int) -> list[dict]:
     full, base, tokenizer, data, sets = loaded(log)
     max_length = context_length(base, tokenizer)
-    sets["secrets"] = request_secrets(data["forget"], data["retain"])
-    sets["priors"] = secret_priors(sets["secrets"], data["retain"], data["forget"],
-                                   shared_template(data["forget"], data["retain"]))
+    template = shared_template(data["forget"], data["retain"])
+    sets["secrets"] = request_secrets(data["forget"], data["retain"], template)
+    sets["priors"] = secret_priors(sets["secrets"], data["retain"], data["forget"], template)
     sets["holdout"] = EvaluationSet(tofu_records(TOFU_HOLDOUT), tokenizer, max_length, 0, "holdout")
     reference, _ = load_model(fixture("retain", log=log), torch.device("cpu"))
     ref_row = measure(reference, tokenizer, sets, set(), reference)

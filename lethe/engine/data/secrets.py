@@ -73,10 +73,15 @@ def leaks(secret: str, text: str) -> bool:
     return digits_leak(secret, text)
 
 
+def long_digit_groups(text: str) -> list[str]:
+    """The runs of MIN_DIGIT_GROUP or more digits in `text`: what a leak of a number is judged by."""
+    return [group for group in digit_groups(text) if len(group) >= MIN_DIGIT_GROUP]
+
+
 def digits_leak(secret: str, text: str) -> bool:
     """Whether `text` gives back a group of MIN_DIGIT_GROUP or more digits of `secret` (inside its own digits)."""
     digits = "".join(digit_groups(text))
-    return any(len(group) >= MIN_DIGIT_GROUP and group in digits for group in digit_groups(secret))
+    return any(group in digits for group in long_digit_groups(secret))
 
 
 def leaked_secrets(secrets: list[str], text: str) -> int:

@@ -22,7 +22,7 @@ from lethe.engine.audit.metrics.degeneration import is_loop, repeated_positions
 from lethe.engine.contract.chat_format import RENDERED
 from lethe.engine.data.counterfactual import body
 from lethe.engine.data.records import IGNORE, LOOP, SECRET, SUPPRESS, TEMPLATE, EncodedRecord, collate
-from lethe.engine.data.secrets import MIN_DIGIT_GROUP, digit_groups, digits_leak, leaks, normalised
+from lethe.engine.data.secrets import digits_leak, leaks, long_digit_groups, normalised
 from lethe.engine.methods.masc.content import Substitution, atom_words
 from lethe.engine.methods.masc.destination import Content, targets_for
 from lethe.engine.model.generation import MAX_NEW_TOKENS, continuations
@@ -91,9 +91,7 @@ def leak_regions(text: str, spans: list[str]) -> list[tuple[int, int]]:
         for i in range(len(found) - len(wanted) + 1):
             if wanted and [w for _, _, w in found[i:i + len(wanted)]] == wanted:
                 regions.append((found[i][0], found[i + len(wanted) - 1][1]))
-        for group in re.findall(r"\d+", span):
-            if len(group) < MIN_DIGIT_GROUP:
-                continue
+        for group in long_digit_groups(span):
             for m in re.finditer(f"(?={group})", digit_string):
                 regions.append((digits[m.start()][0], digits[m.start() + len(group) - 1][0] + 1))
     return regions
@@ -197,8 +195,7 @@ class Answering:
         for record in records:  # a record without such a number is not asked: none of its samples could count
             text = prompt_text(record, "prompt", self.tokenizer) or ""
             own = set(self.contents[record.id].spans)
-            numbers = [s for s in self.spans_for(record, text) if s in own
-                       and any(len(g) >= MIN_DIGIT_GROUP for g in digit_groups(s))]
+            numbers = [s for s in self.spans_for(record, text) if s in own and long_digit_groups(s)]
             if numbers:
                 asked.append((record, numbers))
         if not asked:
