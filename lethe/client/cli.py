@@ -16,21 +16,31 @@ import sys
 import tempfile
 import time
 import webbrowser
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-from lethe.client import Client, LetheError, VerificationError
+from lethe.client import Client
+from lethe.client.cli_io import (
+    JOB_ENDED_BADLY,
+    NOT_FORGOTTEN,
+    OK,
+    REFUSED,
+    UNVERIFIED,
+    JsonFlag,
+    answered,
+    connect,
+    dump,
+    err,
+    fail,
+    out,
+    read_json,
+    records,
+)
+from lethe.client.cli_models import models_app
 from lethe.client.types import Job
-from lethe.engine.contract.errors import EngineInputError
-from lethe.engine.contract.record_checks import read_records
-
-OK, JOB_ENDED_BADLY, REFUSED, UNREACHABLE, UNVERIFIED, NOT_FORGOTTEN = 0, 1, 2, 3, 4, 5
 
 HELP = ("The Lethe service from the command line: submit deletion requests, follow them, fetch verified checkpoints "
         "and audit reports.\n\n"
@@ -42,61 +52,7 @@ HELP = ("The Lethe service from the command line: submit deletion requests, foll
         "3 the service unreachable or failing (5xx); 4 a verification failed (a download's sha256, the audit log's "
         "chain); 5 the verdict is not Forgotten (with --require-forgotten).")
 app = typer.Typer(help=HELP, no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
-models_app = typer.Typer(help="Models (lineage roots) and their versions.", no_args_is_help=True)
 app.add_typer(models_app, name="models")
-err = Console(stderr=True, soft_wrap=True)  # messages are not cut into lines
-
-JsonFlag = Annotated[bool, typer.Option("--json", help="print one JSON document on stdout, for scripts")]
-
-
-def fail(message: str, code: int) -> typer.Exit:
-    err.print(f"error: {message}", markup=False, highlight=False)
-    return typer.Exit(code)
-
-
-@contextmanager
-def answered() -> Iterator[None]:
-    """The service's refusals and failures, and failed verifications, as one line and an exit code."""
-    try:
-        yield
-    except LetheError as exc:
-        raise fail(str(exc), REFUSED if 400 <= exc.status < 500 else UNREACHABLE) from None
-    except VerificationError as exc:
-        raise fail(str(exc), UNVERIFIED) from None
-
-
-def connect() -> Client:
-    with answered():
-        return Client()
-
-
-def out(value: Any, as_json: bool, human: str | None = None) -> None:
-    if as_json:
-        print(json.dumps(value, indent=2, default=str))
-    elif human is not None:
-        print(human)
-
-
-def dump(model: Any) -> Any:
-    return model.model_dump(mode="json") if hasattr(model, "model_dump") else model
-
-
-def records(path: Path | None) -> list[dict] | None:
-    if path is None:
-        return None
-    try:
-        return read_records(path)
-    except (EngineInputError, OSError) as exc:
-        raise fail(str(exc), REFUSED) from None
-
-
-def read_json(path: Path | None, what: str) -> Any:
-    if path is None:
-        return None
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise fail(f"{what} {path}: {exc}", REFUSED) from None
 
 
 def parse_params(pairs: list[str], params_file: Path | None) -> dict | None:
@@ -345,79 +301,6 @@ def subject(subject_id: str, as_json: JsonFlag = False) -> None:
               f" (retired {m.get('versions_predating_retired', [])}, purged {m.get('versions_predating_purged', [])})"
               for m in found["models"]]
     out(found, as_json, "\n".join(lines) or f"no request named {subject_id!r}")
-
-
-@models_app.command("list")
-def models_list(as_json: JsonFlag = False) -> None:
-    """The models you can see."""
-    with answered():
-        found = connect().models()
-    out([dump(m) for m in found], as_json, "\n".join(
-        f"{m.id}  {m.name}  latest v{m.latest_version}  {m.format}" for m in found))
-
-
-@models_app.command("register")
-def models_register(name: str, source: Annotated[str, typer.Argument(help="a folder under an import root, "
-                                                                          "hf:org/name, or s3://...")],
-                    retain: Annotated[Path | None, typer.Option(help="the model's retain records")] = None,
-                    utility: Annotated[Path | None, typer.Option(
-                        help="records no erasure trains on, measured by every erasure's audit")] = None,
-                    format: Annotated[str, typer.Option(help="plain or chat (its tokenizer's template)")] = "plain",
-                    description: Annotated[str | None, typer.Option()] = None, as_json: JsonFlag = False) -> None:
-    """Register a lineage root: its files become version 1."""
-    with answered():
-        model = connect().register_model(name, source, retain=records(retain), description=description,
-                                        format=format, utility=records(utility))
-    out(dump(model), as_json, f"{model.id}  {model.name}")
-
-
-@models_app.command("versions")
-def models_versions(model: str, as_json: JsonFlag = False) -> None:
-    """A model's versions: lineage, erasures held, tags."""
-    client = connect()
-    with answered():
-        found = client.versions(client.model(model).id)
-    out([dump(v) for v in found], as_json, "\n".join(
-        f"v{v.number}  parent {v.parent}  erased {len(v.erased_request_ids)}  {v.state}  {' '.join(v.tags)}"
-        for v in found))
-
-
-@models_app.command("retire")
-def models_retire(model: str, version: int, as_json: JsonFlag = False) -> None:
-    """Stop serving a version: its downloads answer 410 Gone; files, lineage and audit stay. Not the head."""
-    client = connect()
-    with answered():
-        found = client.retire(client.model(model).id, version)
-    out(dump(found), as_json, f"v{found.number}  {found.state}  retired at {found.retired_at}")
-
-
-@models_app.command("purge")
-def models_purge(model: str, version: int,
-                 yes: Annotated[bool, typer.Option("--yes", help="confirm: the files cannot be brought back")] = False,
-                 as_json: JsonFlag = False) -> None:
-    """Delete a version's files (its manifest of sha256 hashes, lineage and audit stay). Not the head."""
-    if not yes:
-        raise fail("purge deletes the version's files for good: add --yes to confirm", 2)
-    client = connect()
-    with answered():
-        found = client.purge(client.model(model).id, version)
-    out(dump(found), as_json, f"v{found.number}  {found.state}  purged at {found.purged_at}")
-
-
-@models_app.command("settings")
-def models_settings(model: str, retire_predecessors: Annotated[bool | None, typer.Option(
-        "--retire-predecessors/--keep-predecessors",
-        help="once an erasure succeeds, retire the served versions that lack it")] = None,
-        utility: Annotated[Path | None, typer.Option(
-            help="records in place of its utility set (an empty file removes it)")] = None,
-        as_json: JsonFlag = False) -> None:
-    """Change a model's settings: what is given changes, the rest stays."""
-    client = connect()
-    with answered():
-        found = client.update_model(client.model(model).id, retire_predecessors=retire_predecessors,
-                                    utility=records(utility) if utility else None)
-    out(dump(found), as_json, f"{found.name}: retire_predecessors={found.retire_predecessors} "
-                              f"utility_count={found.utility_count}")
 
 
 def main() -> None:

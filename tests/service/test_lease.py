@@ -68,7 +68,9 @@ def test_attempts_exhausted_ends_failed_with_the_reason(registered_model):
 
 
 def test_sweeper_resends_orphans_once_per_expiry(registered_model):
-    now = utcnow()
+    # An hour ahead: the sweeper of a live service on the same database (real time) neither finds these jobs' leases
+    # expired nor their messages due, so only the calls below send them.
+    now = utcnow() + timedelta(hours=1)
     orphan = make_job(registered_model["id"], state="RUNNING", attempt=1, lease_owner="dead:1",
                       lease_expires_at=now - timedelta(seconds=5), enqueued_at=now - timedelta(minutes=1))
     stale = make_job(registered_model["id"], state="QUEUED", enqueued_at=now - timedelta(hours=1))
@@ -80,7 +82,7 @@ def test_sweeper_resends_orphans_once_per_expiry(registered_model):
     assert {orphan, stale} <= set(first) and fresh not in first
     assert orphan not in second and stale not in second
     exhausted = make_job(registered_model["id"], state="RUNNING", attempt=3, lease_owner="dead:1",
-                         lease_expires_at=now - timedelta(seconds=5))
+                         lease_expires_at=utcnow() - timedelta(seconds=5))
     sweep_once()
     assert read(exhausted).state == "FAILED"
 
