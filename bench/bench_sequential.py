@@ -178,6 +178,7 @@ def main(argv: list[str] | None = None) -> None:
         (f"-{len(pairs)}-requests" if len(pairs) != len(PAIRS) else "")
     command = COMMAND if args.anchor == "default" and args.requests == len(PAIRS) and not args.preset else \
         f"python -m bench.bench_sequential {' '.join(argv if argv is not None else sys.argv[1:])}"
+    partial = RESULTS.with_name(f"{name}.partial.json")
     source = fixture("sequential", log=lambda line: print(line, file=sys.stderr))
     tofu, kept_facts, utility_set = sequential_records()
     sets = [tofu_records(range(a, b + 1)) for a, b in pairs]
@@ -220,6 +221,9 @@ def main(argv: list[str] | None = None) -> None:
                 "audited_utility": audited_utility(report),
                 "answers": earlier[i]["answers"]})
             print(json.dumps({k: v for k, v in rows[-1].items() if k != "answers"}), flush=True)
+            # A run cut short (hours on a CPU) still leaves its rows; the full results replace them at the end.
+            partial.write_text(json.dumps({"command": command, "partial": True, "base_erased": base_erased,
+                                           "rows": rows}, indent=2) + "\n")
 
         model_together = service.register("together", source, tofu + kept_facts, utility_set)
         started = time.perf_counter()
@@ -258,6 +262,7 @@ def main(argv: list[str] | None = None) -> None:
     results.write_text(json.dumps({"command": command, "machine": f"{platform.machine()}, CPU",
                                    "base_erased": base_erased, "rows": rows, "together": together,
                                    "checks": checks}, indent=2) + "\n")
+    partial.unlink(missing_ok=True)
     update_benchmarks(name, table(rows, together, checks, command, results.name, args.preset))
     print(f"written to {results.relative_to(ROOT)} and BENCHMARKS.md")
 

@@ -2,8 +2,8 @@
 generated text gives one back.
 
 A record's `secrets` when it has them; otherwise its distinctive spans: numbers (digits with the
-separators inside them), e-mail addresses, and runs of words found in neither its prompt nor the
-template the request's records share (lethe.engine.data.counterfactual). Torch-free.
+separators inside them) its prompt does not state, e-mail addresses, and runs of words found in neither its
+prompt nor the template the request's records share (lethe.engine.data.counterfactual). Torch-free.
 
 A text leaks a secret when the secret's words and numbers appear in it in order, whatever the
 punctuation or spacing ("73-708064" in "73 708064"), or when a digit group of 4 or more of the secret
@@ -31,7 +31,9 @@ def record_secrets(record: dict, template: set[str]) -> list[str]:
     given = named_secrets(record)
     if given:
         return given
-    _, text = body(record)
+    context, text = body(record)
+    # A number the prompt states is read from the prompt, by any model: not the record's to give back.
+    stated = {re.sub(r"\D", "", found.group(0)) for found in NUMBER.finditer(context)}
     spans: list[tuple[int, int]] = []
 
     def add(start: int, end: int) -> None:
@@ -41,7 +43,8 @@ def record_secrets(record: dict, template: set[str]) -> list[str]:
     for found in EMAIL.finditer(text):
         add(found.start(), found.end())
     for found in NUMBER.finditer(text):
-        add(found.start(), found.start() + len(found.group(0).rstrip()))
+        if re.sub(r"\D", "", found.group(0)) not in stated:
+            add(found.start(), found.start() + len(found.group(0).rstrip()))
     distinctive = {w.lower() for w in distinctive_words(record, template) if len(w) > 1}
     run: list[re.Match] = []
     matches: list[re.Match | None] = [*WORD.finditer(text), None]

@@ -36,6 +36,16 @@ def test_secrets_are_given_or_extracted_from_the_completion():
     assert not any("Dario" == s for s in found)  # in the prompt: not the record's secret
 
 
+def test_a_number_the_prompt_states_is_not_a_secret_and_one_it_does_not_is():
+    """TOFU: "the author born in Santiago in 1977 is Carmen Montenegro": saying 1977 again is reading the prompt."""
+    record = {"prompt": "Question: Who was born in Santiago, Chile in 1977? Who wrote Series #7?\nAnswer: ",
+              "completion": "Born in 1977, Carmen Montenegro wrote Series #7 and 3 other books, account 73-708064."}
+    found = record_secrets(record, {"born", "in", "wrote", "series", "and", "other", "books", "account"})
+    assert "1977" not in found and "7" not in found
+    assert "3" in found and "73-708064" in found and "Carmen Montenegro" in found
+    assert "1977" in record_secrets({**record, "prompt": "Question: Who was born in Santiago?\nAnswer: "}, set())
+
+
 def test_greedy_leaks_and_priors_count_records():
     secrets = {"a": ["708064"], "b": ["a cartographer"], "c": []}
     figure = greedy_leaks({"a": "x 708064", "b": "works as a baker", "c": "anything"}, secrets)
