@@ -288,7 +288,8 @@ def table(rows: list[dict], together: dict, checks: dict, command: str, results:
                      f"| {r['retain_exact_match']} ({r['base_retain_exact_match']}) "
                      f"| {r['utility']} ({r['base_utility']}) |")
     t = together
-    lines += ["", f"Ten at once: {t['seconds']} s against {t['one_request_seconds']} s for one request "
+    lines += ["", f"{len(t['forgotten'])} at once: {t['seconds']} s against {t['one_request_seconds']} s for one "
+              "request "
               f"(ratio {t['ratio']}), {t['runs']} run(s), versions {t['versions']}; verdicts "
               f"{sum(t['forgotten'])}/{len(t['forgotten'])} Forgotten; EM per set {t['exact_match']}, leak "
               f"{t['leak_greedy']}; retain EM on the kept world facts {t['retain_exact_match']} (base "
