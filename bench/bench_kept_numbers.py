@@ -1,0 +1,62 @@
+"""Do answers to erased customers' questions say a KEPT customer's number, and does the retrain reference (a model
+that never saw the erased customers) do the same? The customers fixtures of bench_forgetting, plain records, the
+default job (seed 0); greedy answers to the erased records whose completion holds a number of 4+ digits.
+
+    python -m bench.bench_kept_numbers gpt2,llama
+"""
+import sys
+
+import torch
+
+from bench.bench_forgetting import FORGET, RETAIN, customer_fixture
+from lethe.engine.audit.measurements import EvaluationSet
+from lethe.engine.audit.metrics.text import generation_metrics
+from lethe.engine.data.customers import customer_records
+from lethe.engine.data.secrets import digit_groups, long_digit_groups
+from lethe.engine.methods import params_for
+from lethe.engine.model.loading import context_length, load_model
+from lethe.engine.unlearn import run_unlearning
+
+
+def answers(model, tok, plain: list[dict]) -> dict[str, str]:
+    chosen = EvaluationSet(plain, tok, context_length(model, tok), 0, "forget")
+    return generation_metrics(model, tok, chosen.main, chosen.references)["generated"]
+
+
+def kept_said(gen: dict[str, str], kept_groups: dict[str, str]) -> dict[str, tuple[str, list[str]]]:
+    """The answers that hold a kept customer's 4+ digit group, with whose."""
+    out: dict[str, tuple[str, list[str]]] = {}
+    for rid, text in gen.items():
+        digits = "".join(digit_groups(text))
+        hits = sorted({k for k in kept_groups if k in digits})
+        if hits:
+            out[rid] = (text, [kept_groups[h] for h in hits])
+    return out
+
+
+def main() -> None:
+    torch.manual_seed(0)
+    groups = customer_records(27, seed=0)
+    named = [r for i in FORGET for r in groups[i]]
+    plain = [{k: v for k, v in r.items() if k != "secrets"} for r in named]
+    retain = [r for i in RETAIN for r in groups[i]]
+    kept_groups = {g: r["id"] for r in retain for g in long_digit_groups(r["completion"])}
+    numbered = [r["id"] for r in plain if long_digit_groups(r["completion"])]
+    for arch in sys.argv[1].split(",") if len(sys.argv) > 1 else ["gpt2", "llama"]:
+        base_dir = customer_fixture(arch, groups, print)
+        reference, tok = load_model(customer_fixture(arch, groups, print, reference=True), torch.device("cpu"))
+        reference_answers = {k: v for k, v in answers(reference, tok, plain).items() if k in numbered}
+        outcome = run_unlearning(base_dir, plain, retain, params=params_for("masc", {}, None))
+        erased_answers = {k: v for k, v in answers(outcome.model, outcome.tokenizer, plain).items() if k in numbered}
+        result = outcome.result.as_dict()
+        print(f"== {arch}: {len(numbered)} erased records with a 4+ digit number; stop {result['stop_reason']} at "
+              f"{result['steps']} steps")
+        for who, gen in (("retrain reference", reference_answers), ("erased", erased_answers)):
+            said = kept_said(gen, kept_groups)
+            print(f"  {who}: {len(said)}/{len(gen)} answers say a kept customer's 4+ digit group")
+            for rid, (text, ids) in said.items():
+                print(f"    {rid}: {text!r} <- {ids}")
+
+
+if __name__ == "__main__":
+    main()
