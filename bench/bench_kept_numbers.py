@@ -12,7 +12,7 @@ from bench.bench_forgetting import FORGET, RETAIN, customer_fixture
 from lethe.engine.audit.measurements import EvaluationSet
 from lethe.engine.audit.metrics.text import generation_metrics
 from lethe.engine.data.customers import customer_records
-from lethe.engine.data.secrets import digit_groups, long_digit_groups
+from lethe.engine.data.secrets import digits_leak, long_digit_groups
 from lethe.engine.methods import params_for
 from lethe.engine.model.loading import context_length, load_model
 from lethe.engine.unlearn import run_unlearning
@@ -23,14 +23,13 @@ def answers(model, tok, plain: list[dict]) -> dict[str, str]:
     return generation_metrics(model, tok, chosen.main, chosen.references)["generated"]
 
 
-def kept_said(gen: dict[str, str], kept_groups: dict[str, str]) -> dict[str, tuple[str, list[str]]]:
-    """The answers that hold a kept customer's 4+ digit group, with whose."""
+def kept_said(gen: dict[str, str], retain: list[dict]) -> dict[str, tuple[str, list[str]]]:
+    """The answers that give back a kept customer's number (the audit's digit test), with whose."""
     out: dict[str, tuple[str, list[str]]] = {}
     for rid, text in gen.items():
-        digits = "".join(digit_groups(text))
-        hits = sorted({k for k in kept_groups if k in digits})
-        if hits:
-            out[rid] = (text, [kept_groups[h] for h in hits])
+        whose = [r["id"] for r in retain if digits_leak(r["completion"], text)]
+        if whose:
+            out[rid] = (text, whose)
     return out
 
 
@@ -40,7 +39,6 @@ def main() -> None:
     named = [r for i in FORGET for r in groups[i]]
     plain = [{k: v for k, v in r.items() if k != "secrets"} for r in named]
     retain = [r for i in RETAIN for r in groups[i]]
-    kept_groups = {g: r["id"] for r in retain for g in long_digit_groups(r["completion"])}
     numbered = [r["id"] for r in plain if long_digit_groups(r["completion"])]
     for arch in sys.argv[1].split(",") if len(sys.argv) > 1 else ["gpt2", "llama"]:
         base_dir = customer_fixture(arch, groups, print)
@@ -52,7 +50,7 @@ def main() -> None:
         print(f"== {arch}: {len(numbered)} erased records with a 4+ digit number; stop {result['stop_reason']} at "
               f"{result['steps']} steps")
         for who, gen in (("retrain reference", reference_answers), ("erased", erased_answers)):
-            said = kept_said(gen, kept_groups)
+            said = kept_said(gen, retain)
             print(f"  {who}: {len(said)}/{len(gen)} answers say a kept customer's 4+ digit group")
             for rid, (text, ids) in said.items():
                 print(f"    {rid}: {text!r} <- {ids}")
