@@ -38,6 +38,9 @@ from lethe.engine.methods.masc.content import Atom, Substitution, candidate_atom
 from lethe.engine.methods.masc.memorisation import write_counterfactuals
 
 TOP_K = 32  # tokens kept of each target distribution
+# A number's own part begins at the first token the record makes at least e times likelier than a draft about someone
+# else does (given the same digits before it): at the last two digits of a year, not at the "19" every year starts with.
+OWN_TOKEN_GAIN = 1.0
 Offsets = list[tuple[int, int] | None]
 
 
@@ -141,9 +144,11 @@ def named_atoms(record: dict, template: set[str]) -> list[Atom]:
 
 
 def banned_tokens(tokenizer, record: EncodedRecord, offsets: Offsets | None, atoms: list[Atom],
-                  template: set[str], first_only: bool = False) -> list[int]:
+                  template: set[str], first_only: bool = False, own_digits: dict[Atom, list[int]] | None = None
+                  ) -> list[int]:
     """B: the tokens of the content atoms (see the module's docstring); `first_only`: of a word only the token that
-    begins it (in each tokenisation), of a number every one."""
+    begins it (in each tokenisation), of a number every one; `own_digits`: of these numbers only the tokens at
+    these active positions, lone digits not at all (a digit is every number's)."""
     banned: set[int] = set()
     active = record.input_ids[record.prompt_len:]
 
@@ -161,6 +166,9 @@ def banned_tokens(tokenizer, record: EncodedRecord, offsets: Offsets | None, ato
             first = False
 
     for atom in atoms:
+        if own_digits and atom in own_digits:
+            consider([active[k] for k in own_digits[atom]], False)
+            continue  # its own spelling would ban the "19" a year shares with every other
         cut = 1 if first_only and not atom.is_number else None
         if offsets is not None:
             consider([active[k] for k in overlapping(offsets, atom.start, atom.end)][:cut], True)
@@ -171,15 +179,18 @@ def banned_tokens(tokenizer, record: EncodedRecord, offsets: Offsets | None, ato
 
 
 def focus_of(record: EncodedRecord, offsets: Offsets | None, atoms: list[Atom], spans: list[tuple[int, int]],
-             first_only: bool = False) -> list[int]:
+             first_only: bool = False, own_digits: dict[Atom, list[int]] | None = None) -> list[int]:
     """Per position: SECRET + k on the tokens of the k-th content span, TEMPLATE on the other active tokens (the end
     of sequence too), SUPPRESS on a record without content (every active token) and on the prompt. `first_only`: of
     a word atom only its first token is SECRET (a word the model cannot begin is not said; its later pieces, which a
-    small vocabulary shares with other words, stay TEMPLATE), of a number every token."""
+    small vocabulary shares with other words, stay TEMPLATE), of a number every token; `own_digits`: of these
+    numbers only the tokens at these active positions (the others, the "19" of a year, stay TEMPLATE)."""
     focus = [SUPPRESS] * len(record.input_ids)
     if not atoms or offsets is None:
         return focus
     inner: set[int] = set()
+    for atom, own in (own_digits or {}).items():
+        inner.update(k for k in overlapping(offsets, atom.start, atom.end) if k not in own)
     if first_only:
         for atom in atoms:
             if not atom.is_number:
@@ -192,7 +203,7 @@ def focus_of(record: EncodedRecord, offsets: Offsets | None, atoms: list[Atom], 
 
 def plan_contents(records: list[EncodedRecord], tokenizer, reference: Callable, device, template: set[str],
                   pool_records: list[dict], *, min_gain: float, max_length: int, seed: int, batch_size: int = 16,
-                  first_only: bool = False) -> dict[str, Content]:
+                  first_only: bool = False, own_numbers: bool = False) -> dict[str, Content]:
     """Every record's content, its focus on each position (set on the record) and its counterfactuals. `template`:
     the words the answers share (never content); `pool_records`: every record of the request (forget and retain),
     whose spelling tells names."""
@@ -215,14 +226,32 @@ def plan_contents(records: list[EncodedRecord], tokenizer, reference: Callable, 
         is_named = bool(named_secrets(source))
         atoms = named_atoms(source, template) if is_named else [a for a in found if a.key in w.content]
         spans = runs(atoms, said)
-        record.focus = focus_of(record, o, atoms, spans, first_only)
+        digits = own_digit_positions(o, atoms, w.token_gains) if own_numbers and not is_named else {}
+        record.focus = focus_of(record, o, atoms, spans, first_only, digits)
         cf = counterfactuals(record, o, w.substitutions, tokenizer, max_length, seed)
         out[record.id] = Content(
             atoms=atoms, spans=[said[s:e] for s, e in spans],
             gains={f"{a.text}@{a.start}": round(g, 3) for a, g in w.gains.items()},
-            banned=banned_tokens(tokenizer, record, o, atoms, template, first_only), named=is_named,
+            banned=banned_tokens(tokenizer, record, o, atoms, template, first_only, digits), named=is_named,
             substitutions=cf.substitutions, aligned=bool(cf.encoded))
         record.counterfactuals = cf  # read once by record_targets, then dropped
+    return out
+
+
+def own_digit_positions(offsets: Offsets | None, atoms: list[Atom], token_gains: dict[Atom, list[float]]
+                        ) -> dict[Atom, list[int]]:
+    """Per content number whose gain is known token by token: the active positions of its tokens from the first that
+    gains at least OWN_TOKEN_GAIN on (every one where none does). The leading digits any context predicts (the "19"
+    of a year) are not the record's; from where the record's own begin, every digit is suppressed, so that a prefix
+    given to the model does not bring out the rest."""
+    out: dict[Atom, list[int]] = {}
+    for atom in atoms:
+        gains = token_gains.get(atom)
+        positions = overlapping(offsets, atom.start, atom.end) if offsets is not None and atom.is_number else []
+        if not gains or len(gains) != len(positions):
+            continue
+        first = next((n for n, g in enumerate(gains) if g >= OWN_TOKEN_GAIN), 0)
+        out[atom] = positions[first:]
     return out
 
 

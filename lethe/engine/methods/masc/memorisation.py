@@ -40,7 +40,6 @@ import random
 from collections.abc import Callable
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
-from functools import lru_cache
 
 import torch
 import torch.nn.functional as F
@@ -58,6 +57,7 @@ from lethe.engine.methods.masc.content import (
     substitution,
     unprotected,
 )
+from lethe.engine.methods.masc.token_kinds import TokenKinds, token_kinds
 
 MAX_PIECES = 4  # tokens of a drawn word
 REDRAWS = 3  # draws of a word that keeps coming out as a forget record's name
@@ -132,40 +132,6 @@ def _ids(draft: Draft, prompt: str, said: str, tokenizer) -> list[int]:
     return ids
 
 
-@dataclass(frozen=True)
-class TokenKinds:
-    """Per vocabulary id, what the token is after a letter: a new word (leading whitespace) or a piece of the current
-    one, starting upper- or lower-case."""
-    new_upper: torch.Tensor
-    new_lower: torch.Tensor
-    bare_upper: torch.Tensor
-    bare_lower: torch.Tensor
-    piece: torch.Tensor  # letters only, no whitespace: continues a word
-
-
-@lru_cache(maxsize=4)
-def token_kinds(tokenizer, size: int) -> TokenKinds:
-    """Every token's kind, read by decoding it after a fixed first token (byte-level and sentencepiece tokenizers
-    alike show a word-initial token's space only in context)."""
-    base = tokenizer("a", add_special_tokens=False)["input_ids"][:1]
-    head = len(tokenizer.decode(base))
-    specials = set(getattr(tokenizer, "all_special_ids", []) or [])
-    kinds = torch.zeros(5, size, dtype=torch.bool)
-    for token in range(min(size, len(tokenizer))):
-        if token in specials:
-            continue
-        surface = tokenizer.decode(base + [token])[head:]
-        word = surface.lstrip()
-        if not word or not word.isalpha():
-            continue
-        if len(word) < len(surface):
-            kinds[0 if word[0].isupper() else 1, token] = True
-        else:
-            kinds[2 if word[0].isupper() else 3, token] = True
-            kinds[4, token] = True
-    return TokenKinds(*kinds)
-
-
 @torch.no_grad()
 def _forward(reference: Callable, rows: list[list[int]], pad_id: int, device, batch_size: int,
              keep: list[int] | None = None) -> list[torch.Tensor]:
@@ -211,12 +177,28 @@ def atom_logprob(logprobs: torch.Tensor, offsets: Offsets, atom: Atom) -> float 
     return float(logprobs[positions].sum()) if positions else None
 
 
+def atom_token_logprobs(logprobs: torch.Tensor, offsets: Offsets, atom: Atom) -> torch.Tensor:
+    """log p of each token carrying the atom's characters (as atom_logprob counts them), in order."""
+    return logprobs[[i for i, o in enumerate(offsets) if i > 0 and o and o[0] < atom.end and atom.start < o[1]]]
+
+
+def number_token_gains(mine: torch.Tensor, theirs: list[torch.Tensor]) -> list[float] | None:
+    """Per token of a number, log p_0 in the record minus the mean over the drafts (each given the number's true
+    digits before it): what the record adds to that token. None where a draft tokenised it differently."""
+    if not theirs or any(t.shape != mine.shape for t in theirs):
+        return None
+    return (mine - torch.stack(theirs).mean(0)).tolist()
+
+
 @dataclass
 class Written:
     """What the writer found for one record."""
     substitutions: list[Substitution]
     gains: dict[Atom, float]  # each visited candidate atom's gain
     content: set[str]  # the keys decided content
+    # A number's gain token by token (its tokens in the record, in order), where the drafts tokenised it alike: the
+    # "19" of a year any context predicts gains about 0, its last two digits the rest (see number_token_gains).
+    token_gains: dict[Atom, list[float]] = field(default_factory=dict)
 
 
 def write_counterfactuals(sources: list[dict], candidates: list[list[Atom]], tokenizer, reference: Callable, device,
@@ -255,6 +237,7 @@ def write_counterfactuals(sources: list[dict], candidates: list[list[Atom]], tok
         # Per row: the prefix's last position (what comes next) and the unit's own tokens.
         logps = _forward(reference, rows, pad, device, batch_size, [n + 1 for n in unit_lengths])
         theirs: dict[int, list[float]] = {}
+        per_token: dict[int, list[torch.Tensor]] = {}
         for (r, _, unit), row, logp, n in zip(work, rows, logps, unit_lengths):
             if unit.atom is not None and n:
                 tokens = torch.tensor(row[-n:])
@@ -262,7 +245,9 @@ def write_counterfactuals(sources: list[dict], candidates: list[list[Atom]], tok
                 # token of the gap before it (a tokenizer that spells " " apart added one token's log p, about
                 # -log V on an untrained model: 5.5 nats of gain where there was none).
                 carries = torch.tensor([bool(tokenizer.decode([t]).strip()) for t in row[-n:]])
-                theirs.setdefault(r, []).append(float(logp[:n].gather(1, tokens[:, None])[carries].sum()))
+                picked = logp[:n].gather(1, tokens[:, None]).squeeze(1)[carries]
+                theirs.setdefault(r, []).append(float(picked.sum()))
+                per_token.setdefault(r, []).append(picked)
         replaced = set()
         for r in {r for r, _, _ in work}:
             unit = plans[r][step]
@@ -274,6 +259,11 @@ def write_counterfactuals(sources: list[dict], candidates: list[list[Atom]], tok
                 else None
             if gain is not None:
                 written[r].gains[unit.atom] = gain
+                if unit.atom.is_number:
+                    mine_tokens = atom_token_logprobs(*own[r], unit.atom)
+                    token_gains = number_token_gains(mine_tokens, per_token[r])
+                    if token_gains is not None:
+                        written[r].token_gains[unit.atom] = token_gains
             keys = named[r]
             content = unit.key in keys if keys is not None else gain is not None and gain >= min_gain
             if content:

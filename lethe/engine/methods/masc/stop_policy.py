@@ -109,7 +109,8 @@ class MascStopPolicy:
                                           self.template, self.forget_sources + self.retain_sources,
                                           min_gain=params.min_gain, max_length=run.max_length, seed=params.seed,
                                           batch_size=params.eval_batch_size,
-                                          first_only=params.word_pieces == "first")
+                                          first_only=params.word_pieces == "first",
+                                          own_numbers=params.number_tokens == "own")
             record_targets(forget, self.contents, self.trainable.reference_logits, run.device,
                            run.tokenizer.pad_token_id)
             kept = [t for r in self.retain_sources for t in (r.get("prompt"), r.get("completion"), r.get("text"))

@@ -304,3 +304,91 @@ def test_first_only_focuses_and_bans_the_first_token_of_a_word_and_every_token_o
         later |= {t for v in variants for t in v[1:]}
         beginnings = starts | {v[0] for v in variants} | digits
         assert not (later - beginnings) & first_banned and (later - beginnings) & all_banned
+
+
+
+@pytest.fixture(scope="module")
+def years(people, tmp_path_factory):
+    """The tiny people with a birth year each (19xx: the "19" any year starts with, the last two digits theirs) and
+    a model that has memorised them, built here (seconds)."""
+    import random
+
+    from lethe.engine.model.fixture import build_fixture
+    from tests.conftest import TINY
+
+    rng = random.Random(0)
+    records = [r for p in people for r in p]
+    for person in people:
+        name = person[0]["completion"].split()[0]
+        records.append({"id": f"{person[0]['id'].split('-')[0]}-year", "prompt": f"Question: When was {name} born?\n"
+                        "Answer: ", "completion": f"{name} was born in 19{rng.randint(10, 99)}."})
+    out = tmp_path_factory.mktemp("years") / "model"
+    summary = build_fixture(records, out, TINY, log=lambda _: None)
+    assert summary["memorised_fraction"] == 1.0, summary
+    forget_ids = {p[0]["id"].split("-")[0] for p in people[:2]}
+    return out, [r for r in records if r["id"].split("-")[0] in forget_ids], \
+        [r for r in records if r["id"].split("-")[0] not in forget_ids]
+
+
+def test_a_numbers_own_digits_are_those_the_record_makes_likelier_against_brute_force(years):
+    """number_tokens "own": per token of a content number, gain_t = log p_0(d_t | the record before it) - mean_j
+    log p_0(d_t | counterfactual j before the number, then the true digits before d_t), each from a forward pass of
+    its own; exactly the tokens from the first with gain_t >= OWN_TOKEN_GAIN on (all where none reaches it) are
+    suppressed and banned, the leading ones stay TEMPLATE (the "19" of a year), and words are focused as without it."""
+    from lethe.engine.methods.masc.destination import OWN_TOKEN_GAIN, overlapping
+
+    model_dir, forget, retain = years
+    model, tokenizer = load_model(model_dir, torch.device("cpu"))
+    template = shared_template(forget, retain)
+    trainable = TrainableModel(model, lora=True)
+
+    def planned(own: bool):
+        records = [encode_record(r, tokenizer, max_length=512, seed=0) for r in forget]
+        contents = plan_contents(records, tokenizer, trainable.reference_logits, torch.device("cpu"), template,
+                                 forget + retain, min_gain=2.0, max_length=512, seed=0, own_numbers=own)
+        return records, contents
+
+    every_records, _ = planned(False)
+    own_records, own_contents = planned(True)
+    numbers = kept_digits = 0
+    for record, every in zip(own_records, every_records):
+        content, source = own_contents[record.id], record.source
+        comp_ids = tokenizer(source["completion"], add_special_tokens=False)["input_ids"]
+        ends = _char_ends(tokenizer, comp_ids)
+        prompt_ids = tokenizer(source["prompt"])["input_ids"]
+        offsets = said_offsets(record, tokenizer)
+        active = record.input_ids[record.prompt_len:]
+        focus, before = record.focus[record.prompt_len:], every.focus[every.prompt_len:]
+        number_positions: set[int] = set()
+        for atom in content.atoms:
+            if not atom.is_number:
+                continue
+            mine = [k for k, e in enumerate(ends) if (ends[k - 1] if k else 0) < atom.end and atom.start < e]
+            gains = []
+            for n, k in enumerate(mine):
+                theirs = []
+                for sub in content.substitutions:
+                    said = sub.said[:sub.map_offset(atom.start)]
+                    gap = said[len(said.rstrip()):]
+                    context = tokenizer(sub.prompt)["input_ids"] + \
+                        tokenizer(said.rstrip(), add_special_tokens=False)["input_ids"]
+                    unit = tokenizer(gap + atom.text, add_special_tokens=False)["input_ids"]
+                    carrying = [j for j, e in enumerate(_char_ends(tokenizer, unit)) if e > len(gap)]
+                    theirs.append(_lp(model, context + unit, len(context) + carrying[n]))
+                own = _lp(model, prompt_ids + comp_ids, len(prompt_ids) + k)
+                gains.append(own - sum(theirs) / len(theirs))
+            first = next((n for n, g in enumerate(gains) if g >= OWN_TOKEN_GAIN), 0)
+            expected = set(mine[first:])
+            positions = overlapping(offsets, atom.start, atom.end)
+            assert positions == mine
+            assert {k for k in positions if focus[k] >= SECRET} == expected, (atom, gains)
+            assert all(focus[k] == TEMPLATE for k in set(positions) - expected)
+            kept = {active[k] for k in set(positions) - expected} - {active[k] for k in expected}
+            assert not kept & set(content.banned)
+            number_positions |= set(positions)
+            numbers += 1
+            kept_digits += len(positions) - len(expected)
+        # Words are focused as without the option.
+        assert [f for k, f in enumerate(focus) if k not in number_positions] == \
+            [f for k, f in enumerate(before) if k not in number_positions]
+    assert numbers >= 2 and kept_digits >= numbers  # every year keeps at least its "1" as theta_0 has it

@@ -1,0 +1,80 @@
+"""The first requests of `make bench-sequential` on the engine alone (no service, no audit): request n erases its pair
+of authors from version n-1, the retain term anchored to the root (the fixture) as the service anchors it, the retain
+set the model's at that point (the QA not erased so far and the 60 world facts). After every request: each erased
+set so far (greedy exact match and secret leakage, beside its figures right after its own erasure), retain exact match
+on a seeded 100, model utility on the 57 world facts no retain term holds, and how many of them the requests so far
+answer differently from the base. A cheaper way (about half the service's time per request) to compare settings on
+drift; one JSON line per request, nothing written to the repository.
+
+    python -m bench.bench_chain --requests 3                                 # the default job
+    python -m bench.bench_chain --requests 3 --params '{"number_tokens": "all"}'"""
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from bench.bench_one_request import changed_answers
+from bench.bench_sequential import PAIRS, Measurer, sequential_records
+from bench.mini_tofu import fixture, tofu_records
+from lethe.engine.audit.extraction import request_secrets
+from lethe.engine.methods import get_method
+from lethe.engine.unlearn import run_unlearning
+
+RETAIN_SAMPLE = 100
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench.bench_chain")
+    parser.add_argument("--requests", type=int, default=3, help="how many of the ten pairs, in order")
+    parser.add_argument("--params", default="{}", help="MASC parameters as JSON for every request (default: none)")
+    args = parser.parse_args(argv)
+    overrides = json.loads(args.params)
+    root = fixture("sequential", log=lambda line: print(line, file=sys.stderr))
+    tofu, kept, utility_set = sequential_records()
+    sets = [tofu_records(range(a, b + 1)) for a, b in PAIRS[:args.requests]]
+    secrets = [request_secrets(s, [r for r in tofu if r["id"] not in {x["id"] for x in s}]) for s in sets]
+    base = Measurer(root)
+    base_utility, base_answers = base.utility(utility_set), base.answers(utility_set)
+    own: list[dict] = []
+    erased: set[str] = set()
+    with tempfile.TemporaryDirectory() as work:
+        start = Path(root)
+        for i, forget in enumerate(sets):
+            retain = [r for r in tofu if r["id"] not in erased | {r["id"] for r in forget}] + kept
+            started = time.perf_counter()
+            outcome = run_unlearning(str(start), forget, retain, params=get_method("masc").parse(overrides),
+                                     anchor=str(root) if i else None)
+            seconds = time.perf_counter() - started
+            start = Path(work) / f"v{i + 2}"
+            outcome.model.save_pretrained(start)
+            outcome.tokenizer.save_pretrained(start)
+            erased |= {r["id"] for r in forget}
+            after = Measurer(start)
+            figures = [after.erased(s, secrets[j]) for j, s in enumerate(sets[:i + 1])]
+            own.append(figures[i])
+            retain_now = [r for r in tofu if r["id"] not in erased] + kept
+            sample = random.Random(i).sample(retain_now, min(RETAIN_SAMPLE, len(retain_now)))
+            result = outcome.result.as_dict()
+            print(json.dumps({
+                "request": i + 1, "authors": list(PAIRS[i]), "params": overrides, "seconds": round(seconds, 1),
+                "stop_reason": result["stop_reason"], "steps": result["steps"],
+                "exact_match": figures[i]["exact_match"], "leak_greedy": figures[i]["leak_greedy"],
+                "earlier_exact_match": [f["exact_match"] for f in figures[:i]],
+                "earlier_leak_greedy": [f["leak_greedy"] for f in figures[:i]],
+                "earlier_regressed": [j + 1 for j, f in enumerate(figures[:i])
+                                      if f["exact_match"] > own[j]["exact_match"]
+                                      or f["leak_greedy"] > own[j]["leak_greedy"]],
+                "retain_exact_match": after.retain_exact_match(sample),
+                "base_retain_exact_match": base.retain_exact_match(sample),
+                "utility": after.utility(utility_set), "base_utility": base_utility,
+                "utility_answers_changed": changed_answers(base_answers, after.answers(utility_set), shown=3),
+                "answers": figures[i]["answers"]}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
