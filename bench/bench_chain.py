@@ -45,7 +45,8 @@ def main(argv: list[str] | None = None) -> None:
     with tempfile.TemporaryDirectory() as work:
         start = Path(root)
         for i, forget in enumerate(sets):
-            retain = [r for r in tofu if r["id"] not in erased | {r["id"] for r in forget}] + kept
+            leaving = erased | {r["id"] for r in forget}
+            retain = [r for r in tofu if r["id"] not in leaving] + kept
             started = time.perf_counter()
             outcome = run_unlearning(str(start), forget, retain, params=get_method("masc").parse(overrides),
                                      anchor=str(root) if i else None)

@@ -171,14 +171,8 @@ def true_logprobs(reference: Callable, sources: list[dict], tokenizer, device, b
     return out
 
 
-def atom_logprob(logprobs: torch.Tensor, offsets: Offsets, atom: Atom) -> float | None:
-    """log p of the tokens carrying the atom's characters (None: none, or only the first token of the sequence)."""
-    positions = [i for i, o in enumerate(offsets) if i > 0 and o and o[0] < atom.end and atom.start < o[1]]
-    return float(logprobs[positions].sum()) if positions else None
-
-
 def atom_token_logprobs(logprobs: torch.Tensor, offsets: Offsets, atom: Atom) -> torch.Tensor:
-    """log p of each token carrying the atom's characters (as atom_logprob counts them), in order."""
+    """log p of each token carrying the atom's characters, in order (not the first token of the sequence)."""
     return logprobs[[i for i, o in enumerate(offsets) if i > 0 and o and o[0] < atom.end and atom.start < o[1]]]
 
 
@@ -236,32 +230,29 @@ def write_counterfactuals(sources: list[dict], candidates: list[list[Atom]], tok
             gaps.append(gap if prefix else None)
         # Per row: the prefix's last position (what comes next) and the unit's own tokens.
         logps = _forward(reference, rows, pad, device, batch_size, [n + 1 for n in unit_lengths])
-        theirs: dict[int, list[float]] = {}
-        per_token: dict[int, list[torch.Tensor]] = {}
+        theirs: dict[int, list[torch.Tensor]] = {}  # per record, each draft's log p of the unit's tokens
         for (r, _, unit), row, logp, n in zip(work, rows, logps, unit_lengths):
             if unit.atom is not None and n:
                 tokens = torch.tensor(row[-n:])
-                # As atom_logprob counts the record's: the tokens that carry the unit's characters, not a whitespace
-                # token of the gap before it (a tokenizer that spells " " apart added one token's log p, about
-                # -log V on an untrained model: 5.5 nats of gain where there was none).
+                # As atom_token_logprobs reads the record's: the tokens that carry the unit's characters, not a
+                # whitespace token of the gap before it (a tokenizer that spells " " apart added one token's log p,
+                # about -log V on an untrained model: 5.5 nats of gain where there was none).
                 carries = torch.tensor([bool(tokenizer.decode([t]).strip()) for t in row[-n:]])
-                picked = logp[:n].gather(1, tokens[:, None]).squeeze(1)[carries]
-                theirs.setdefault(r, []).append(float(picked.sum()))
-                per_token.setdefault(r, []).append(picked)
+                theirs.setdefault(r, []).append(logp[:n].gather(1, tokens[:, None]).squeeze(1)[carries])
         replaced = set()
         for r in {r for r, _, _ in work}:
             unit = plans[r][step]
             if unit.atom is None:
                 replaced.add(r)
                 continue
-            mine = atom_logprob(*own[r], unit.atom)
-            gain = mine - sum(theirs[r]) / len(theirs[r]) if mine is not None and len(theirs.get(r, [])) == DRAWS \
-                else None
+            mine_tokens = atom_token_logprobs(*own[r], unit.atom)
+            drafts_said = theirs.get(r, [])
+            gain = float(mine_tokens.sum()) - sum(float(t.sum()) for t in drafts_said) / DRAWS \
+                if mine_tokens.numel() and len(drafts_said) == DRAWS else None
             if gain is not None:
                 written[r].gains[unit.atom] = gain
                 if unit.atom.is_number:
-                    mine_tokens = atom_token_logprobs(*own[r], unit.atom)
-                    token_gains = number_token_gains(mine_tokens, per_token[r])
+                    token_gains = number_token_gains(mine_tokens, drafts_said)
                     if token_gains is not None:
                         written[r].token_gains[unit.atom] = token_gains
             keys = named[r]
