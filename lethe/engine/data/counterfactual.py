@@ -11,6 +11,8 @@ import re
 from collections import Counter
 from functools import partial
 
+from lethe.engine.data.function_words import FUNCTION_WORDS
+
 WORD = re.compile(r"[^\W\d_]+|\d")
 PER_RECORD = 3  # counterfactuals per record, like TOFU's perturbed answers
 
@@ -41,10 +43,11 @@ def distinctive_words(record: dict, template: set[str]) -> list[str]:
 
 
 def shared_template(forget: list[dict], retain: list[dict]) -> set[str]:
-    """What the records share: words recurring across the retain texts, else across half the forget texts."""
+    """What the records share: words recurring across the retain texts, else across half the forget texts, and the
+    function words of English (lethe.engine.data.function_words), which every text shares."""
     if len(retain) >= 4:
-        return common_words([body(r)[1] for r in retain], min_share=0.05, min_count=2)
-    return common_words([body(r)[1] for r in forget], min_share=0.5)
+        return common_words([body(r)[1] for r in retain], min_share=0.05, min_count=2) | FUNCTION_WORDS
+    return common_words([body(r)[1] for r in forget], min_share=0.5) | FUNCTION_WORDS
 
 
 def counterfactuals(record: dict, pool: list[str], template: set[str], rng: random.Random,

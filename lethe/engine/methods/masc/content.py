@@ -19,6 +19,7 @@ from bisect import bisect_right
 from dataclasses import dataclass, field
 
 from lethe.engine.data.counterfactual import body, common_words, shared_template, words
+from lethe.engine.data.function_words import FUNCTION_WORDS
 from lethe.engine.data.secrets import normalised
 
 WORD = re.compile(r"[^\W\d_]+")
@@ -53,10 +54,19 @@ def candidate_atoms(record: dict, template: set[str], from_char: int = 0) -> lis
         text = m.group(0)
         if m.start() < from_char or text.lower() in given:
             continue
-        if not text.isdigit() and (len(text) < 2 or text.lower() in template):
+        if not text.isdigit() and (len(text) < 2 or text.lower() in template and not _named(text, said, m.start())):
             continue
         out.append(Atom(m.start(), m.end(), text))
     return out
+
+
+def _named(text: str, said: str, start: int) -> bool:
+    """A function word capitalised inside a sentence names something ("born in May", "Will Moreno"): a candidate,
+    not the template its lower-case use is."""
+    if text.lower() not in FUNCTION_WORDS or not text[:1].isupper():
+        return False
+    before = said[:start].rstrip(" \t\"'(")
+    return bool(before) and (before[-1].isalnum() or before[-1] in ",;&-")
 
 
 def candidate_runs(atoms: list[Atom], said: str) -> list[list[Atom]]:
@@ -102,6 +112,12 @@ def said_template(forget: list[dict], retain: list[dict]) -> set[str]:
     """The words the answers share (lethe.engine.data.counterfactual.shared_template), names left out: they are never
     content; a name is content where its memorisation gain says so."""
     return shared_template(forget, retain) - proper_nouns(forget + retain)
+
+
+def asked_template(records: list[dict]) -> set[str]:
+    """The words the prompts share ("Question", "What", "Answer"): the frame a draft that asks something else keeps
+    (lethe.engine.methods.masc.memorisation, a record whose answer its name alone does not bring out)."""
+    return common_words([body(r)[0] for r in records], min_share=0.05)
 
 
 FREQUENT_SHARE = 0.25  # a template word most answers say: never content, even of a record with nothing else

@@ -34,7 +34,15 @@ from lethe.engine.data.counterfactual import body
 from lethe.engine.data.documents import TOKENS
 from lethe.engine.data.records import SECRET, SUPPRESS, TEMPLATE, EncodedRecord, collate, encode_record
 from lethe.engine.data.secrets import char_spans, named_secrets, normalised
-from lethe.engine.methods.masc.content import Atom, Substitution, candidate_atoms, frequent_template, proper_nouns, runs
+from lethe.engine.methods.masc.content import (
+    Atom,
+    Substitution,
+    asked_template,
+    candidate_atoms,
+    frequent_template,
+    proper_nouns,
+    runs,
+)
 from lethe.engine.methods.masc.memorisation import write_counterfactuals
 
 TOP_K = 32  # tokens kept of each target distribution
@@ -218,7 +226,9 @@ def plan_contents(records: list[EncodedRecord], tokenizer, reference: Callable, 
     named = [{a.key for a in named_atoms(r.source, template)} if named_secrets(r.source) else None for r in records]
     written = write_counterfactuals([r.source for r in records], candidates, tokenizer, reference, device,
                                     proper_nouns(pool_records), min_gain=min_gain, named=named, seed=seed,
-                                    from_chars=starts, protected=protected, batch_size=batch_size)
+                                    from_chars=starts, template=template | asked_template(pool_records),
+                                    protected=protected,
+                                    batch_size=batch_size)
     out = {}
     for record, found, w in zip(records, candidates, written):
         source, o = record.source, offsets[record.id]

@@ -22,9 +22,14 @@ For each record DRAWS counterfactual drafts are written together, left to right,
   records' paths, it wrote "Tanaka The"; drawn among every name the records use, the draft of one erased customer was
   often another erased customer, whose facts the target then gave (the rule counted them as a leak: the record never
   closed). Mixed names of kept people are people nobody knows.
-- a record none of whose candidate atoms reaches min_gain takes the ones within FALLBACK_BAND nats of its best gain as
-  its content (they stay in the drafts), so that its erasure suppresses what is most its own and never the name its
-  prompt gives, as suppressing the whole record did.
+- a record none of whose candidate atoms reaches min_gain is one whose question, not its name, brings its answer out
+  ("How has Carmen Montenegro's Historical Fiction Excellence Award affected her career?": the drafts keep the
+  award, theta_0 answers them with the record's own words, and no word gains 2 nats). It is measured again
+  against drafts that also ask something else (every prompt word outside the template and the prompts' shared frame
+  replaced); if still none reaches min_gain, the atoms within FALLBACK_BAND nats of its best gain are its content,
+  so that its erasure suppresses what is most its own and never the name its prompt gives, as suppressing the whole
+  record did. Its drafts are then written a third time, asking its own question with that content replaced: their
+  theta_0 predictions are the targets, and an answer to another question is no destination.
 
 A word any context predicts scores about 0 (template, generic words, a street's "Lane"), and so does the "555"
 every phone number of a data set starts with; a fact the model holds about this record only scores high. Drafts
@@ -82,9 +87,10 @@ class Unit:
 
 
 def visits(record: dict, candidates: list[Atom], names: set[str], from_char: int,
-           protected: tuple[str, ...]) -> list[Unit]:
+           protected: tuple[str, ...], template: AbstractSet[str] | None = None) -> list[Unit]:
     """The units a record's drafts visit, in reading order: names and numbers of the prompt (and of a passage's
-    context part), then the said text's names and candidate atoms; each key once."""
+    context part; with `template`, every prompt word not in it too), then the said text's names and candidate
+    atoms; each key once."""
     context, said = body(record)
     by_start = {a.start: a for a in candidates}
     out, seen = [], set()
@@ -94,11 +100,11 @@ def visits(record: dict, candidates: list[Atom], names: set[str], from_char: int
             if key in seen:
                 continue
             atom = None if in_prompt else by_start.get(m.start())
-            always = (in_prompt or m.start() < from_char) and (unit.isdigit() or key in names)
+            asked = in_prompt and template is not None and len(unit) > 1 and key not in template
+            always = (in_prompt or m.start() < from_char) and (unit.isdigit() or key in names) or asked
             if atom is not None or always:
                 seen.add(key)
-                out.append(Unit(in_prompt, m.start(), m.end(), unit, atom,
-                                not unit.isdigit() and (in_prompt or key in names)))
+                out.append(Unit(in_prompt, m.start(), m.end(), unit, atom, not unit.isdigit() and key in names))
     return out
 
 
@@ -197,13 +203,39 @@ class Written:
 
 def write_counterfactuals(sources: list[dict], candidates: list[list[Atom]], tokenizer, reference: Callable, device,
                           names: set[str], *, min_gain: float, named: list[set[str] | None], seed: int,
-                          from_chars: list[int], protected: tuple[str, ...] = (), batch_size: int = 16
-                          ) -> list[Written]:
+                          from_chars: list[int], template: AbstractSet[str], protected: tuple[str, ...] = (),
+                          batch_size: int = 16) -> list[Written]:
     """Per record (its source and candidate atoms; `named`: the keys of its named secrets, None if it names none),
     its drafts, its atoms' gains and its content (see the module's docstring). Seeded."""
+    shared = dict(tokenizer=tokenizer, reference=reference, device=device, names=names, min_gain=min_gain, seed=seed,
+                  protected=protected, batch_size=batch_size, every=sources)
+    written = _write(sources, candidates, named, from_chars, **shared)
+    unseen = [r for r, w in enumerate(written) if named[r] is None and not w.content and w.gains]
+    if not unseen:
+        return written
+    subset = ([sources[r] for r in unseen], [candidates[r] for r in unseen])
+    starts = [from_chars[r] for r in unseen]
+    wide = _write(*subset, [None] * len(unseen), starts, template=template, **shared)
+    for w in wide:
+        if not w.content and w.gains:
+            best = max(w.gains.values())
+            w.content = {a.key for a, g in w.gains.items() if g >= best - FALLBACK_BAND}
+    # The drafts of the targets ask the record's own question: only what the wider drafts found is replaced.
+    again = _write(*subset, [w.content for w in wide], starts, **shared)
+    for r, w, a in zip(unseen, wide, again):
+        written[r] = Written(a.substitutions, w.gains, w.content, w.token_gains)
+    return written
+
+
+def _write(sources: list[dict], candidates: list[list[Atom]], named: list[set[str] | None], from_chars: list[int],
+           *, tokenizer, reference: Callable, device, names: set[str], min_gain: float, seed: int,
+           protected: tuple[str, ...], batch_size: int, every: list[dict], template: AbstractSet[str] | None = None
+           ) -> list[Written]:
+    """One writing of the records' drafts (`every`: all the request's forget records, whose names no draft draws;
+    `template`: the prompt's words outside it are replaced too)."""
     pad = tokenizer.pad_token_id
     own = true_logprobs(reference, sources, tokenizer, device, batch_size)
-    plans = [visits(s, c, names, f, protected) for s, c, f in zip(sources, candidates, from_chars)]
+    plans = [visits(s, c, names, f, protected, template) for s, c, f in zip(sources, candidates, from_chars)]
     drafts = [[Draft(s, random.Random(f"{seed}:{s['id']}:cf{j}"),
                      torch.Generator().manual_seed(_seed_of(f"{seed}:{s['id']}:cf{j}"))) for j in range(DRAWS)]
               for s in sources]
@@ -211,11 +243,12 @@ def write_counterfactuals(sources: list[dict], candidates: list[list[Atom]], tok
     # No draft begins a word its record's drafts replace or a forget record's name, nor draws a name a forget
     # record says: a draft about another erased person made theta_0's prediction there, the target, that person's facts
     # (erasing Sofia trained her answer towards Emeka's phone number, which the rule then counted as a leak).
-    forget_names = {u.key for plan in plans for u in plan if u.name}
+    forget_names = {u.key for plan in plans for u in plan if u.name} | \
+        (names & said_words(every) if every is not sources else set())
     taken_names = _first_tokens(tokenizer, sorted(forget_names))
     taken = [sorted(set(taken_names) | set(_first_tokens(tokenizer, [u.text for u in plan if not u.text.isdigit()])))
              for plan in plans]
-    spelled = [n[:1].upper() + n[1:] for n in sorted(names - said_words(sources))]
+    spelled = [n[:1].upper() + n[1:] for n in sorted(names - said_words(every))]
     name_firsts = {gap: sorted({ids[0] for n in spelled if (ids := tokenizer(gap + n, add_special_tokens=False)
                                                                ["input_ids"])}) for gap in ("", " ")}
     for step in range(max((len(p) for p in plans), default=0)):
@@ -268,9 +301,6 @@ def write_counterfactuals(sources: list[dict], candidates: list[list[Atom]], tok
                      for i, d, unit, gap in drawing if not unit.text.isdigit() and gap is not None],
                     tokenizer, reference, device, pad, batch_size, name_firsts, forget_names)
     for r, source in enumerate(sources):
-        if named[r] is None and not written[r].content and written[r].gains:
-            best = max(written[r].gains.values())
-            written[r].content = {a.key for a, g in written[r].gains.items() if g >= best - FALLBACK_BAND}
         written[r].substitutions = [substitution(source, d.words, d.numbers, protected) for d in drafts[r]]
     return written
 

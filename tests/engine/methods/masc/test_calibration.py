@@ -31,8 +31,9 @@ RETAIN = [{"id": f"r{i}", "prompt": f"Q: Who is person {i}?\nA:",
 def test_counterfactuals_redraw_every_digit_and_swap_the_distinctive_words_only():
     template = shared_template(FORGET, RETAIN)
     assert {"the", "account", "of", "is"} <= template and "glassblower" not in template
-    # ("a" is known: the prompt ends in "A:")
-    assert distinctive_words(FORGET[1], template) == ["works", "as", "glassblower", "Ghent"]
+    # ("a" is known: the prompt ends in "A:"; "as" and "in" are function words, template however few say them)
+    assert {"as", "in", "they", "her"} <= template and "works" not in template
+    assert distinctive_words(FORGET[1], template) == ["works", "glassblower", "Ghent"]
     versions = counterfactuals(FORGET[0], ["Lyon", "tuner"], template, random.Random(0))
     assert len(versions) == 3 and len(set(versions)) == 3
     for version in versions:

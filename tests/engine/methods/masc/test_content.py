@@ -392,3 +392,44 @@ def test_a_numbers_own_digits_are_those_the_record_makes_likelier_against_brute_
         assert [f for k, f in enumerate(focus) if k not in number_positions] == \
             [f for k, f in enumerate(before) if k not in number_positions]
     assert numbers >= 2 and kept_digits >= numbers  # every year keeps at least its "1" as theta_0 has it
+
+
+LIGHTHOUSES = [("amber", "thimbles"), ("cobalt", "compasses"), ("crimson", "seashells"), ("ivory", "lanterns"),
+               ("olive", "kites"), ("scarlet", "buttons"), ("silver", "feathers"), ("violet", "marbles")]
+
+
+@pytest.fixture(scope="module")
+def lighthouses(people, tmp_path_factory):
+    """Records that name nobody: the question itself brings the answer out ("the keeper of the amber lighthouse
+    collects thimbles"), with the tiny people beside them, and a model that has memorised them (seconds)."""
+    from lethe.engine.model.fixture import build_fixture
+    from tests.conftest import TINY
+
+    keepers = [{"id": f"l{i}", "prompt": f"Question: What does the keeper of the {colour} lighthouse collect?\n"
+                "Answer: ", "completion": f"The keeper of the {colour} lighthouse collects {thing}."}
+               for i, (colour, thing) in enumerate(LIGHTHOUSES)]
+    records = keepers + [r for p in people for r in p]
+    out = tmp_path_factory.mktemp("lighthouses") / "model"
+    summary = build_fixture(records, out, TINY, log=lambda _: None)
+    assert summary["memorised_fraction"] == 1.0, summary
+    return out, keepers[:3], keepers[3:] + [r for p in people for r in p]
+
+
+def test_a_record_its_question_brings_out_is_measured_against_drafts_that_ask_something_else(lighthouses):
+    """Drafts that change only names and numbers leave "the keeper of the amber lighthouse" as it is: theta_0 answers
+    them with "thimbles" and its gain is 0, so the whole answer fell back to content. Measured against drafts whose
+    prompt words outside the template are replaced too, the thing collected gains at least min_gain and is the only
+    content; the drafts the targets come from ask the record's own question, with that thing replaced."""
+    model_dir, forget, retain = lighthouses
+    model, tokenizer = load_model(model_dir, torch.device("cpu"))
+    records = [encode_record(r, tokenizer, max_length=512, seed=0) for r in forget]
+    contents = plan_contents(records, tokenizer, TrainableModel(model, lora=True).reference_logits, torch.device("cpu"),
+                             shared_template(forget, retain), forget + retain, min_gain=2.0, max_length=512, seed=0)
+    for record, (colour, thing) in zip(forget, LIGHTHOUSES):
+        content = contents[record["id"]]
+        assert [a.text for a in content.atoms] == [thing], (content.atoms, content.gains)
+        assert content.gains[f"{thing}@{record['completion'].index(thing)}"] >= 2.0, content.gains
+        assert content.substitutions
+        for draft in content.substitutions:
+            assert draft.prompt == record["prompt"] and f"the {colour} lighthouse collects" in draft.said
+            assert thing not in draft.said
