@@ -216,8 +216,9 @@ def write_counterfactuals(sources: list[dict], candidates: list[list[Atom]], tok
     subset = ([sources[r] for r in unseen], [candidates[r] for r in unseen])
     starts = [from_chars[r] for r in unseen]
     wide = _write(*subset, [None] * len(unseen), starts, template=template, **shared)
-    for w in wide:
-        if not w.content and w.gains:
+    for r, w in zip(unseen, wide):
+        w.gains = w.gains or written[r].gains  # (drafts that could not be measured: the first gains decide)
+        if not w.content:
             best = max(w.gains.values())
             w.content = {a.key for a, g in w.gains.items() if g >= best - FALLBACK_BAND}
     # The drafts of the targets ask the record's own question: only what the wider drafts found is replaced.
