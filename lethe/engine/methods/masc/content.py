@@ -63,9 +63,12 @@ def candidate_atoms(record: dict, template: set[str], from_char: int = 0) -> lis
 def _named(text: str, said: str, start: int) -> bool:
     """A function word capitalised inside a sentence names something ("born in May", "Will Moreno"): a candidate,
     not the template its lower-case use is."""
-    if text.lower() not in FUNCTION_WORDS or not text[:1].isupper():
-        return False
-    before = said[:start].rstrip(" \t\"'(")
+    return text.lower() in FUNCTION_WORDS and text[:1].isupper() and _inside_sentence(said, start)
+
+
+def _inside_sentence(text: str, start: int) -> bool:
+    """Whether the word at `start` follows a word or a comma (mid-sentence), not a full stop or markup."""
+    before = text[:start].rstrip(" \t\"'(")
     return bool(before) and (before[-1].isalnum() or before[-1] in ",;&-")
 
 
@@ -102,8 +105,7 @@ def proper_nouns(records: list[dict]) -> set[str]:
                     lower.add(key)
                     continue
                 capital.add(key)
-                before = text[:m.start()].rstrip(" \t\"'(")
-                if before and (before[-1].isalnum() or before[-1] in ",;&-"):  # mid-sentence, not after markup
+                if _inside_sentence(text, m.start()):
                     inside.add(key)
     return (capital & inside) - lower
 

@@ -207,51 +207,49 @@ def write_counterfactuals(sources: list[dict], candidates: list[list[Atom]], tok
                           batch_size: int = 16) -> list[Written]:
     """Per record (its source and candidate atoms; `named`: the keys of its named secrets, None if it names none),
     its drafts, its atoms' gains and its content (see the module's docstring). Seeded."""
-    shared = dict(tokenizer=tokenizer, reference=reference, device=device, names=names, min_gain=min_gain, seed=seed,
-                  protected=protected, batch_size=batch_size, every=sources)
-    written = _write(sources, candidates, named, from_chars, **shared)
+    plans = [visits(s, c, names, f, protected) for s, c, f in zip(sources, candidates, from_chars)]
+    # No draft begins a word its record's drafts replace or a forget record's name, nor draws a name a forget
+    # record says: a draft about another erased person made theta_0's prediction there, the target, that person's facts
+    # (erasing Sofia trained her answer towards Emeka's phone number, which the rule then counted as a leak).
+    forget_names = {u.key for plan in plans for u in plan if u.name}
+    spelled = [n[:1].upper() + n[1:] for n in sorted(names - said_words(sources))]
+    shared = dict(tokenizer=tokenizer, reference=reference, device=device, min_gain=min_gain, seed=seed,
+                  protected=protected, batch_size=batch_size, forget_names=forget_names,
+                  taken_names=_first_tokens(tokenizer, sorted(forget_names)),
+                  name_firsts={gap: sorted({ids[0] for n in spelled if (ids := tokenizer(
+                      gap + n, add_special_tokens=False)["input_ids"])}) for gap in ("", " ")})
+    written = _write(sources, plans, named, **shared)
     unseen = [r for r, w in enumerate(written) if named[r] is None and not w.content and w.gains]
     if not unseen:
         return written
-    subset = ([sources[r] for r in unseen], [candidates[r] for r in unseen])
-    starts = [from_chars[r] for r in unseen]
-    wide = _write(*subset, [None] * len(unseen), starts, template=template, **shared)
+    subset = [sources[r] for r in unseen]
+    wide = _write(subset, [visits(sources[r], candidates[r], names, from_chars[r], protected, template)
+                           for r in unseen], [None] * len(unseen), **shared)
     for r, w in zip(unseen, wide):
         w.gains = w.gains or written[r].gains  # (drafts that could not be measured: the first gains decide)
         if not w.content:
             best = max(w.gains.values())
             w.content = {a.key for a, g in w.gains.items() if g >= best - FALLBACK_BAND}
     # The drafts of the targets ask the record's own question: only what the wider drafts found is replaced.
-    again = _write(*subset, [w.content for w in wide], starts, **shared)
+    again = _write(subset, [plans[r] for r in unseen], [w.content for w in wide], **shared)
     for r, w, a in zip(unseen, wide, again):
         written[r] = Written(a.substitutions, w.gains, w.content, w.token_gains)
     return written
 
 
-def _write(sources: list[dict], candidates: list[list[Atom]], named: list[set[str] | None], from_chars: list[int],
-           *, tokenizer, reference: Callable, device, names: set[str], min_gain: float, seed: int,
-           protected: tuple[str, ...], batch_size: int, every: list[dict], template: AbstractSet[str] | None = None
-           ) -> list[Written]:
-    """One writing of the records' drafts (`every`: all the request's forget records, whose names no draft draws;
-    `template`: the prompt's words outside it are replaced too)."""
+def _write(sources: list[dict], plans: list[list[Unit]], named: list[set[str] | None], *, tokenizer,
+           reference: Callable, device, min_gain: float, seed: int, protected: tuple[str, ...], batch_size: int,
+           forget_names: set[str], taken_names: list[int], name_firsts: dict[str, list[int]]) -> list[Written]:
+    """One writing of the records' drafts along their plans (`forget_names`, `taken_names`, `name_firsts`: the names
+    of the request, see write_counterfactuals)."""
     pad = tokenizer.pad_token_id
     own = true_logprobs(reference, sources, tokenizer, device, batch_size)
-    plans = [visits(s, c, names, f, protected, template) for s, c, f in zip(sources, candidates, from_chars)]
     drafts = [[Draft(s, random.Random(f"{seed}:{s['id']}:cf{j}"),
                      torch.Generator().manual_seed(_seed_of(f"{seed}:{s['id']}:cf{j}"))) for j in range(DRAWS)]
               for s in sources]
     written = [Written([], {}, set()) for _ in sources]
-    # No draft begins a word its record's drafts replace or a forget record's name, nor draws a name a forget
-    # record says: a draft about another erased person made theta_0's prediction there, the target, that person's facts
-    # (erasing Sofia trained her answer towards Emeka's phone number, which the rule then counted as a leak).
-    forget_names = {u.key for plan in plans for u in plan if u.name} | \
-        (names & said_words(every) if every is not sources else set())
-    taken_names = _first_tokens(tokenizer, sorted(forget_names))
     taken = [sorted(set(taken_names) | set(_first_tokens(tokenizer, [u.text for u in plan if not u.text.isdigit()])))
              for plan in plans]
-    spelled = [n[:1].upper() + n[1:] for n in sorted(names - said_words(every))]
-    name_firsts = {gap: sorted({ids[0] for n in spelled if (ids := tokenizer(gap + n, add_special_tokens=False)
-                                                               ["input_ids"])}) for gap in ("", " ")}
     for step in range(max((len(p) for p in plans), default=0)):
         work = [(r, d, plans[r][step]) for r in range(len(sources)) if step < len(plans[r]) for d in drafts[r]]
         rows, unit_lengths, gaps = [], [], []
