@@ -22,7 +22,7 @@ from lethe.engine.audit.metrics.degeneration import is_loop, repeated_positions
 from lethe.engine.contract.chat_format import RENDERED
 from lethe.engine.data.counterfactual import body
 from lethe.engine.data.records import IGNORE, LOOP, SECRET, SUPPRESS, TEMPLATE, EncodedRecord, collate
-from lethe.engine.data.secrets import digits_leak, leaks, long_digit_groups, normalised
+from lethe.engine.data.secrets import digits_leak, head_regions, leaks, long_digit_groups, normalised, number_heads
 from lethe.engine.methods.masc.content import Substitution, atom_words
 from lethe.engine.methods.masc.destination import Content, targets_for
 from lethe.engine.model.generation import MAX_NEW_TOKENS, continuations
@@ -80,8 +80,9 @@ def given_by(prompt: str, span: str) -> bool:
 
 
 def leak_regions(text: str, spans: list[str]) -> list[tuple[int, int]]:
-    """Character ranges of `text` that give a span back: the span's words in order, or a digit group of it of
-    MIN_DIGIT_GROUP or more inside the text's digits (lethe.engine.data.secrets.leaks, located)."""
+    """Character ranges of `text` that give a span back: the span's words in order, a digit group of it of
+    MIN_DIGIT_GROUP or more inside the text's digits, or the head of one of its numbers
+    (lethe.engine.data.secrets.leaks, located)."""
     regions = []
     found = [(m.start(), m.end(), m.group(0).casefold()) for m in re.finditer(r"[^\W_]+", text)]
     digits = [(m.start(), m.group(0)) for m in re.finditer(r"\d", text)]
@@ -94,6 +95,7 @@ def leak_regions(text: str, spans: list[str]) -> list[tuple[int, int]]:
         for group in long_digit_groups(span):
             for m in re.finditer(f"(?={group})", digit_string):
                 regions.append((digits[m.start()][0], digits[m.start() + len(group) - 1][0] + 1))
+        regions += head_regions(span, text)
     return regions
 
 
@@ -187,15 +189,16 @@ class Answering:
     def samples(self, model, records: list[EncodedRecord], n: int, seed: int) -> list[Answer]:
         """n seeded samples (temperature 1, as the audit draws them) of the model's answer to each record's prompt,
         of kind SAMPLED; `leaked` where one gives back MIN_DIGIT_GROUP or more digits in a row of one of the
-        record's own content numbers. Only those: a word's probability the teacher-forced limit bounds where it
-        would be said, and on mini-TOFU samples from a 3.7 M model said some content word at each of 17
-        confirmations (a run held open to max_steps), where the audit's phone numbers came out behind a wrong first
-        digit."""
+        record's own content numbers, or its first NUMBER_HEAD digits (secrets.digits_leak). Only those: a word's
+        probability the teacher-forced limit bounds where it would be said, and on mini-TOFU samples from a 3.7 M
+        model said some content word at each of 17 confirmations (a run held open to max_steps), where the audit's
+        phone numbers came out behind a wrong first digit."""
         asked = []
         for record in records:  # a record without such a number is not asked: none of its samples could count
             text = prompt_text(record, "prompt", self.tokenizer) or ""
             own = set(self.contents[record.id].spans)
-            numbers = [s for s in self.spans_for(record, text) if s in own and long_digit_groups(s)]
+            numbers = [s for s in self.spans_for(record, text)
+                       if s in own and (long_digit_groups(s) or number_heads(s))]
             if numbers:
                 asked.append((record, numbers))
         if not asked:

@@ -11,7 +11,7 @@ from lethe.engine.audit.metrics.degeneration import answer_perplexity, distinct_
 from lethe.engine.data.records import IGNORE, LOOP, SECRET, TEMPLATE
 from lethe.engine.data.secrets import leaks, record_secrets
 from lethe.engine.methods.masc import margin as M
-from lethe.engine.methods.masc.answers import answer_flags
+from lethe.engine.methods.masc.answers import answer_flags, leak_regions
 from lethe.engine.methods.masc.stop_rule import ErasureCondition, RecordCheck
 
 pytestmark = pytest.mark.slow  # trains a model or runs the service: `make test-fast` leaves it out
@@ -21,9 +21,22 @@ def test_a_secret_split_by_other_text_or_punctuation_still_leaks():
     assert leaks("73-708064", " Dario-708064876314 Mona Mona")  # a 6-digit group inside a longer run
     assert leaks("73-708064", "the account is 73 708064")  # other separators
     assert leaks("44 Quarry Close, Tampere", "lives at 44 quarry close tampere!")
-    assert not leaks("73-708064", "the account is 73-7080")  # a 4-digit group is not 708064
+    assert not leaks("73-708064", "the account is 73-71")  # 4 digits from the start, no group of it: not enough
     assert not leaks("44 Quarry Close, Tampere", "lives at 44 Quarry Lane, Tampere")
     assert not leaks("+30 726 9280862", "call 726")  # 3 digits are too common to count
+
+
+def test_a_number_said_from_its_start_for_five_digits_leaks_though_no_group_of_it_does():
+    """gpt2's erased answers stopped after the area code ("+49 917." for "+49 917 7457569"): whose number it is."""
+    assert leaks("+49 917 7457569", "The phone number of Sofia Novak is +49 917.")
+    assert leaks("73-708064", "the account is 73-7080")  # 6 of its 8 digits, from the start
+    assert leaks("+49 917 7457569", "is +4 99 17")  # spacing does not count
+    assert leaks("+49 917 7457569", "room 12 49 917")  # the pattern joins "12" to it: the head starts a group
+    assert not leaks("+49 917 7457569", "is +49 918 7457")  # a wrong area code
+    assert not leaks("+49 917 7457569", "is 1499 17")  # inside a group: not the number said from its start
+    assert not leaks("1250000", "3,125,000")  # a comma ends a number: "125" is not 12500
+    text = "Call +49 917 or 708064."
+    assert sorted(text[s:e] for s, e in leak_regions(text, ["+49 917 7457569", "73-708064"])) == ["49 917", "708064"]
 
 
 def test_secrets_are_given_or_extracted_from_the_completion():
@@ -115,6 +128,9 @@ def test_an_own_answer_marks_its_loop_and_its_content_but_not_template_words(fix
     digits = " Call 708064 or 555."
     assert "".join(pieces(ids(digits), answer_flags(tokenizer, ids(digits), digits, ["73-708064"], set()),
                           SECRET)) == "708064"  # a digit group of the span, not the 555
+    head = " Call +49 917."
+    assert "".join(pieces(ids(head), answer_flags(tokenizer, ids(head), head, ["+49 917 7457569"], set()),
+                          SECRET)).endswith("917")  # the number's head, said and stopped
     said = " Kalomi plays the harp. Kalomi plays the harp. Kalomi plays the harp."
     looping = ids(said)
     focus = answer_flags(tokenizer, looping, said, ["teal"], set())
