@@ -9,7 +9,8 @@ A text leaks a secret when the secret's words and numbers appear in it in order,
 punctuation or spacing ("73-708064" in "73 708064"), when a digit group of 4 or more of the secret
 appears anywhere in the text's digits ("708064" of "73-708064" inside "Dario-708064876314"), or when a number of
 the text says, from the start of one of its digit groups, the first 5 digits of one of the secret's numbers
-("+49 917." of "+49 917 7457569": its country and area code, which no guess gives one time in 10^5).
+("+49 917." of "+49 917 7457569": its country and area code). Where such a head is common (a city's dialling
+code), the kept records' share of it is what the rule's and the verdict's floors allow.
 """
 from __future__ import annotations
 
