@@ -92,6 +92,11 @@ def digits_leak(secret: str, text: str) -> bool:
     return any(group in digits for group in long_digit_groups(secret)) or bool(head_regions(secret, text))
 
 
+def digits_can_leak(secret: str) -> bool:
+    """Whether digits_leak can ever hold for `secret`: it has a long digit group or a number's head."""
+    return bool(long_digit_groups(secret) or number_heads(secret))
+
+
 def number_heads(secret: str) -> set[str]:
     """The first NUMBER_HEAD digits of each number of `secret` that has more (separators left out)."""
     numbers = (re.sub(r"\D", "", found.group(0)) for found in NUMBER.finditer(secret))

@@ -22,7 +22,7 @@ from lethe.engine.audit.metrics.degeneration import is_loop, repeated_positions
 from lethe.engine.contract.chat_format import RENDERED
 from lethe.engine.data.counterfactual import body
 from lethe.engine.data.records import IGNORE, LOOP, SECRET, SUPPRESS, TEMPLATE, EncodedRecord, collate
-from lethe.engine.data.secrets import digits_leak, head_regions, leaks, long_digit_groups, normalised, number_heads
+from lethe.engine.data.secrets import digits_can_leak, digits_leak, head_regions, leaks, long_digit_groups, normalised
 from lethe.engine.methods.masc.content import Substitution, atom_words
 from lethe.engine.methods.masc.destination import Content, targets_for
 from lethe.engine.model.generation import MAX_NEW_TOKENS, continuations
@@ -197,8 +197,7 @@ class Answering:
         for record in records:  # a record without such a number is not asked: none of its samples could count
             text = prompt_text(record, "prompt", self.tokenizer) or ""
             own = set(self.contents[record.id].spans)
-            numbers = [s for s in self.spans_for(record, text)
-                       if s in own and (long_digit_groups(s) or number_heads(s))]
+            numbers = [s for s in self.spans_for(record, text) if s in own and digits_can_leak(s)]
             if numbers:
                 asked.append((record, numbers))
         if not asked:
