@@ -1,6 +1,7 @@
 """Do answers to erased customers' questions say a KEPT customer's number, and does the retrain reference (a model
 that never saw the erased customers) do the same? The customers fixtures of bench_forgetting, plain records, the
-default job (seed 0); greedy answers to the erased records whose completion holds a number of 4+ digits.
+default job (seed 0); greedy answers to the erased records whose completion holds a number the audit's digit test
+can match (secrets.digits_can_leak).
 
     python -m bench.bench_kept_numbers gpt2,llama
 """
@@ -12,7 +13,7 @@ from bench.bench_forgetting import FORGET, RETAIN, customer_fixture
 from lethe.engine.audit.measurements import EvaluationSet
 from lethe.engine.audit.metrics.text import generation_metrics
 from lethe.engine.data.customers import customer_records
-from lethe.engine.data.secrets import digits_leak, long_digit_groups
+from lethe.engine.data.secrets import digits_can_leak, digits_leak
 from lethe.engine.methods import params_for
 from lethe.engine.model.loading import context_length, load_model
 from lethe.engine.unlearn import run_unlearning
@@ -39,7 +40,7 @@ def main() -> None:
     named = [r for i in FORGET for r in groups[i]]
     plain = [{k: v for k, v in r.items() if k != "secrets"} for r in named]
     retain = [r for i in RETAIN for r in groups[i]]
-    numbered = [r["id"] for r in plain if long_digit_groups(r["completion"])]
+    numbered = [r["id"] for r in plain if digits_can_leak(r["completion"])]
     for arch in sys.argv[1].split(",") if len(sys.argv) > 1 else ["gpt2", "llama"]:
         base_dir = customer_fixture(arch, groups, print)
         reference, tok = load_model(customer_fixture(arch, groups, print, reference=True), torch.device("cpu"))
@@ -47,11 +48,11 @@ def main() -> None:
         outcome = run_unlearning(base_dir, plain, retain, params=params_for("masc", {}, None))
         erased_answers = {k: v for k, v in answers(outcome.model, outcome.tokenizer, plain).items() if k in numbered}
         result = outcome.result.as_dict()
-        print(f"== {arch}: {len(numbered)} erased records with a 4+ digit number; stop {result['stop_reason']} at "
+        print(f"== {arch}: {len(numbered)} erased records with a number; stop {result['stop_reason']} at "
               f"{result['steps']} steps")
         for who, gen in (("retrain reference", reference_answers), ("erased", erased_answers)):
             said = kept_said(gen, retain)
-            print(f"  {who}: {len(said)}/{len(gen)} answers say a kept customer's 4+ digit group")
+            print(f"  {who}: {len(said)}/{len(gen)} answers say a kept customer's number")
             for rid, (text, ids) in said.items():
                 print(f"    {rid}: {text!r} <- {ids}")
 
