@@ -7,7 +7,8 @@ answer differently from the base. A cheaper way (about half the service's time p
 drift; one JSON line per request, nothing written to the repository.
 
     python -m bench.bench_chain --requests 3                                 # the default job
-    python -m bench.bench_chain --requests 3 --params '{"number_tokens": "all"}'"""
+    python -m bench.bench_chain --requests 3 --params '{"number_tokens": "all"}'
+    python -m bench.bench_chain --requests 3 --anchor start                  # each run anchored to its start"""
 from __future__ import annotations
 
 import argparse
@@ -32,6 +33,9 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.bench_chain")
     parser.add_argument("--requests", type=int, default=3, help="how many of the ten pairs, in order")
     parser.add_argument("--params", default="{}", help="MASC parameters as JSON for every request (default: none)")
+    parser.add_argument("--anchor", choices=("root", "start"), default="root",
+                        help="the retain term's reference: the root, as the service anchors it, or each run's start "
+                             "version (as before issue 28), to compare")
     args = parser.parse_args(argv)
     overrides = json.loads(args.params)
     root = fixture("sequential", log=lambda line: print(line, file=sys.stderr))
@@ -49,7 +53,7 @@ def main(argv: list[str] | None = None) -> None:
             retain = [r for r in tofu if r["id"] not in leaving] + kept
             started = time.perf_counter()
             outcome = run_unlearning(str(start), forget, retain, params=get_method("masc").parse(overrides),
-                                     anchor=str(root) if i else None)
+                                     anchor=str(root) if i and args.anchor == "root" else None)
             seconds = time.perf_counter() - started
             start = Path(work) / f"v{i + 2}"
             outcome.model.save_pretrained(start)
