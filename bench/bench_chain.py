@@ -8,7 +8,10 @@ drift; one JSON line per request, nothing written to the repository.
 
     python -m bench.bench_chain --requests 3                                 # the default job
     python -m bench.bench_chain --requests 3 --params '{"number_tokens": "all"}'
-    python -m bench.bench_chain --requests 3 --anchor start                  # each run anchored to its start"""
+    python -m bench.bench_chain --requests 3 --anchor start                  # each run anchored to its start
+    python -m bench.bench_chain --requests 10 --versions bench/.fixtures/chain  # resumable: versions kept
+    python -m bench.bench_chain --requests 10 --together --device cuda       # on a GPU: the whole stream, then
+                                                                             # the ten coalesced into one run"""
 from __future__ import annotations
 
 import argparse
@@ -19,6 +22,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import torch
+
 from bench.bench_one_request import changed_answers
 from bench.bench_sequential import PAIRS, Measurer, sequential_records
 from bench.mini_tofu import fixture, tofu_records
@@ -27,6 +32,7 @@ from lethe.engine.methods import get_method
 from lethe.engine.unlearn import run_unlearning
 
 RETAIN_SAMPLE = 100
+RUN_FILE = "bench_chain_run.json"  # the run's seconds, stop and steps, beside its version
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -36,35 +42,54 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--anchor", choices=("root", "start"), default="root",
                         help="the retain term's reference: the root, as the service anchors it, or each run's start "
                              "version (as before issue 28), to compare")
+    parser.add_argument("--versions", type=Path, default=None,
+                        help="keep each version in this folder (v2, v3, ...) and reuse those it holds, so that a "
+                             "stopped chain goes on where it stopped (default: a temporary folder)")
+    parser.add_argument("--together", action="store_true",
+                        help="then one run from the root erasing every request's authors at once (what coalescing "
+                             "makes of a queue), timed against the first request")
+    parser.add_argument("--device", default=None, help="the runs' and the measurements' device (default: the "
+                                                       "engine's choice for the runs, the CPU for the measurements)")
     args = parser.parse_args(argv)
     overrides = json.loads(args.params)
     root = fixture("sequential", log=lambda line: print(line, file=sys.stderr))
     tofu, kept, utility_set = sequential_records()
     sets = [tofu_records(range(a, b + 1)) for a, b in PAIRS[:args.requests]]
     secrets = [request_secrets(s, [r for r in tofu if r["id"] not in {x["id"] for x in s}]) for s in sets]
-    base = Measurer(root)
+    measure_on = torch.device(args.device or "cpu")
+    base = Measurer(root, measure_on)
     base_utility, base_answers = base.utility(utility_set), base.answers(utility_set)
     own: list[dict] = []
+    first_seconds = 0.0
     erased: set[str] = set()
-    with tempfile.TemporaryDirectory() as work:
+    with tempfile.TemporaryDirectory() as scratch:
+        work = args.versions or Path(scratch)
         start = Path(root)
         for i, forget in enumerate(sets):
             leaving = erased | {r["id"] for r in forget}
             retain = [r for r in tofu if r["id"] not in leaving] + kept
-            started = time.perf_counter()
-            outcome = run_unlearning(str(start), forget, retain, params=get_method("masc").parse(overrides),
-                                     anchor=str(root) if i and args.anchor == "root" else None)
-            seconds = time.perf_counter() - started
-            start = Path(work) / f"v{i + 2}"
-            outcome.model.save_pretrained(start)
-            outcome.tokenizer.save_pretrained(start)
+            made = work / f"v{i + 2}"
+            if not (made / RUN_FILE).exists():  # written last: a version without it was cut off
+                started = time.perf_counter()
+                outcome = run_unlearning(str(start), forget, retain, params=get_method("masc").parse(overrides),
+                                         anchor=str(root) if i and args.anchor == "root" else None,
+                                         device=args.device)
+                seconds = time.perf_counter() - started
+                outcome.model.save_pretrained(made)
+                outcome.tokenizer.save_pretrained(made)
+                ran = outcome.result.as_dict()
+                (made / RUN_FILE).write_text(json.dumps({"seconds": seconds, "stop_reason": ran["stop_reason"],
+                                                         "steps": ran["steps"], "params": overrides}))
+            result = json.loads((made / RUN_FILE).read_text())
+            if result["params"] != overrides:
+                raise SystemExit(f"{made} was made with {result['params']}, not {overrides}: use another --versions")
+            seconds, start = result["seconds"], made
             erased |= {r["id"] for r in forget}
-            after = Measurer(start)
+            after = Measurer(start, measure_on)
             figures = [after.erased(s, secrets[j]) for j, s in enumerate(sets[:i + 1])]
             own.append(figures[i])
             retain_now = [r for r in tofu if r["id"] not in erased] + kept
             sample = random.Random(i).sample(retain_now, min(RETAIN_SAMPLE, len(retain_now)))
-            result = outcome.result.as_dict()
             print(json.dumps({
                 "request": i + 1, "authors": list(PAIRS[i]), "params": overrides, "seconds": round(seconds, 1),
                 "stop_reason": result["stop_reason"], "steps": result["steps"],
@@ -79,6 +104,30 @@ def main(argv: list[str] | None = None) -> None:
                 "utility": after.utility(utility_set), "base_utility": base_utility,
                 "utility_answers_changed": changed_answers(base_answers, after.answers(utility_set), shown=3),
                 "answers": figures[i]["answers"]}), flush=True)
+            first_seconds = first_seconds or seconds
+    if args.together:
+        union = [r for s in sets for r in s]
+        retain = [r for r in tofu if r["id"] not in erased] + kept
+        started = time.perf_counter()
+        outcome = run_unlearning(str(root), union, retain, params=get_method("masc").parse(overrides),
+                                 device=args.device)
+        seconds = time.perf_counter() - started
+        result = outcome.result.as_dict()
+        with tempfile.TemporaryDirectory() as together_dir:
+            outcome.model.save_pretrained(together_dir)
+            outcome.tokenizer.save_pretrained(together_dir)
+            after = Measurer(Path(together_dir), measure_on)
+            figures = [after.erased(s, secrets[j]) for j, s in enumerate(sets)]
+            print(json.dumps({
+                "together": len(sets), "params": overrides, "seconds": round(seconds, 1),
+                "ratio_to_first_request": round(seconds / first_seconds, 2), "stop_reason": result["stop_reason"],
+                "steps": result["steps"], "exact_match": [f["exact_match"] for f in figures],
+                "leak_greedy": [f["leak_greedy"] for f in figures],
+                "above_own": [j + 1 for j, f in enumerate(figures) if f["leak_greedy"] > own[j]["leak_greedy"]],
+                "retain_exact_match": after.retain_exact_match(sample),
+                "utility": after.utility(utility_set), "base_utility": base_utility,
+                "utility_answers_changed": changed_answers(base_answers, after.answers(utility_set), shown=3),
+                "answers": figures[0]["answers"]}), flush=True)
 
 
 if __name__ == "__main__":

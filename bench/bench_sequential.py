@@ -60,8 +60,8 @@ def free_port() -> int:
 class Measurer:
     """One model's figures on the erased sets, the retain sample and the utility set."""
 
-    def __init__(self, model_dir: Path):
-        self.model, self.tokenizer = load_model(model_dir, torch.device("cpu"))
+    def __init__(self, model_dir: Path, device: torch.device = torch.device("cpu")):
+        self.model, self.tokenizer = load_model(model_dir, device)
         self.length = context_length(self.model, self.tokenizer)
 
     def evaluation_set(self, records: list[dict], what: str) -> EvaluationSet:

@@ -323,6 +323,7 @@ def targets_for(record: EncodedRecord, true_rows: torch.Tensor, cf_rows: list[to
     q = masked_distribution(true_rows, banned)
     where = flagged.nonzero(as_tuple=True)[0].tolist()
     if where:
+        positions = torch.tensor(where, device=q.device)  # on the logits' device: a CUDA run indexes with it
         total = torch.zeros(len(where), q.shape[-1], device=q.device)
         count = torch.zeros(len(where), device=q.device)
         for rows, mapping in zip(cf_rows, alignment):
@@ -331,13 +332,13 @@ def targets_for(record: EncodedRecord, true_rows: torch.Tensor, cf_rows: list[to
                 continue
             mine = torch.tensor([n for n, _ in pairs], device=q.device)
             theirs = torch.tensor([j for _, j in pairs], device=q.device)
-            total[mine] += masked_distribution(rows[theirs], banned, labels[torch.tensor(where)[mine]])
+            total[mine] += masked_distribution(rows[theirs], banned, labels[positions[mine]])
             count[mine] += 1
         alone = (count == 0).nonzero(as_tuple=True)[0]
         if alone.numel():
-            index = torch.tensor(where, device=q.device)[alone]
+            index = positions[alone]
             total[alone] = masked_distribution(true_rows[index], banned, labels[index])
             count[alone] = 1
-        q[torch.tensor(where, device=q.device)] = total / count[:, None]
+        q[positions] = total / count[:, None]
     ids, probs = sparse(q)
     return ids.cpu(), probs.cpu()

@@ -149,7 +149,12 @@ def test_named_secrets_replace_the_choice_and_banned_tokens_begin_or_spell_them(
     assert not any(tokenizer.decode([t]).strip().lower() in template for t in content.banned)
 
 
-def test_targets_never_put_mass_on_a_masked_token_and_match_a_loop():
+# A CUDA worker builds the targets from logits on the GPU (an index left on the CPU broke every run there).
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA"))]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_targets_never_put_mass_on_a_masked_token_and_match_a_loop(device):
     torch.manual_seed(0)
     vocab, n = 50, 6
     ids = [1, 2, 3, 10, 11, 12, 13, 0]
@@ -159,7 +164,8 @@ def test_targets_never_put_mass_on_a_masked_token_and_match_a_loop():
     cf_rows = [torch.randn(n + 1, vocab) * 3, torch.randn(n, vocab) * 3]
     alignment = [[0, 1, 2, None, 4, 5], [0, None, 1, 2, 3, 4]]
     banned = [11, 20, 21]
-    got_ids, got_probs = targets_for(record, true_rows, cf_rows, alignment, banned)
+    got_ids, got_probs = targets_for(record, true_rows.to(device), [r.to(device) for r in cf_rows], alignment,
+                                     banned)
     labels = ids[2:]
     for k in range(n):
         flagged = record.focus[2 + k] != TEMPLATE or labels[k] in banned
