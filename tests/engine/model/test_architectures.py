@@ -202,7 +202,9 @@ def test_the_target_rule_on_a_written_out_inventory():
     assert mlp_output_projections(modules, shape, 16, range(0, 1)) == ["model.layers.0.mlp.down_proj"]
 
 
-def test_a_linear_subclass_is_adapted_only_if_it_computes_wx_plus_b():
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_a_linear_subclass_is_adapted_only_if_it_computes_wx_plus_b(dtype):
+    """In half precision too (bfloat16 is the default on a GPU): Falcon's x @ W.T + b rounds twice."""
     class Plain(torch.nn.Linear):
         def forward(self, x):  # the same map written another way (Falcon's FalconLinear does this)
             return x @ self.weight.T + self.bias
@@ -211,5 +213,7 @@ def test_a_linear_subclass_is_adapted_only_if_it_computes_wx_plus_b():
         def forward(self, x):  # not Wx + b
             return super().forward(x).flip(-1)
 
-    assert behaves_linear(torch.nn.Linear(8, 6)) and behaves_linear(Plain(8, 6))
-    assert not behaves_linear(Grouped(8, 6))
+    torch.manual_seed(0)
+    for n in (8, 1024):
+        assert behaves_linear(torch.nn.Linear(n, 6).to(dtype)) and behaves_linear(Plain(n, 6).to(dtype))
+        assert not behaves_linear(Grouped(n, 6).to(dtype))
