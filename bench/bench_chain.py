@@ -4,7 +4,7 @@ set the model's at that point (the QA not erased so far and the 60 world facts).
 set so far (greedy exact match and secret leakage, beside its figures right after its own erasure), retain exact match
 on a seeded 100, model utility on the 57 world facts no retain term holds, and how many of them the requests so far
 answer differently from the base. A cheaper way (about half the service's time per request) to compare settings on
-drift; one JSON line per request, nothing written to the repository.
+drift; one JSON line per request, nothing written but the versions where `--versions` names a folder.
 
     python -m bench.bench_chain --requests 3                                 # the default job
     python -m bench.bench_chain --requests 3 --params '{"number_tokens": "all"}'

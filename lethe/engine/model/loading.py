@@ -156,7 +156,7 @@ def behaves_linear(module: torch.nn.Linear) -> bool:
     expected = torch.nn.functional.linear(probe.float(), weight.float(), bias)
     # Half precision rounds Wx and then Wx + b (bfloat16 on a GPU by default): a few of its ulps, relative to the
     # output's scale, are the same map; a grouped projection is off by the scale itself.
-    tol = 1e-3 if weight.dtype == torch.float32 else 4 * torch.finfo(weight.dtype).eps
+    tol = max(1e-3, 4 * torch.finfo(weight.dtype).eps)
     return (isinstance(out, torch.Tensor) and out.shape == expected.shape
             and torch.allclose(out.float(), expected, rtol=tol, atol=tol * float(expected.abs().max())))
 
