@@ -35,6 +35,21 @@ RETAIN_SAMPLE = 100
 RUN_FILE = "bench_chain_run.json"  # the run's seconds, stop and steps, beside its version
 
 
+def run_into(made: Path, start: Path, forget: list[dict], retain: list[dict], overrides: dict, device: str | None,
+             anchor: str | None) -> dict:
+    """One MASC run from `start`, its version saved in `made` with RUN_FILE (seconds, stop, steps) written last."""
+    started = time.perf_counter()
+    outcome = run_unlearning(str(start), forget, retain, params=get_method("masc").parse(overrides), anchor=anchor,
+                             device=device)
+    seconds = time.perf_counter() - started
+    outcome.model.save_pretrained(made)
+    outcome.tokenizer.save_pretrained(made)
+    ran = outcome.result.as_dict()
+    result = {"seconds": seconds, "stop_reason": ran["stop_reason"], "steps": ran["steps"], "params": overrides}
+    (made / RUN_FILE).write_text(json.dumps(result))
+    return result
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.bench_chain")
     parser.add_argument("--requests", type=int, default=3, help="how many of the ten pairs, in order")
@@ -70,16 +85,8 @@ def main(argv: list[str] | None = None) -> None:
             retain = [r for r in tofu if r["id"] not in leaving] + kept
             made = work / f"v{i + 2}"
             if not (made / RUN_FILE).exists():  # written last: a version without it was cut off
-                started = time.perf_counter()
-                outcome = run_unlearning(str(start), forget, retain, params=get_method("masc").parse(overrides),
-                                         anchor=str(root) if i and args.anchor == "root" else None,
-                                         device=args.device)
-                seconds = time.perf_counter() - started
-                outcome.model.save_pretrained(made)
-                outcome.tokenizer.save_pretrained(made)
-                ran = outcome.result.as_dict()
-                (made / RUN_FILE).write_text(json.dumps({"seconds": seconds, "stop_reason": ran["stop_reason"],
-                                                         "steps": ran["steps"], "params": overrides}))
+                run_into(made, start, forget, retain, overrides, args.device,
+                         anchor=str(root) if i and args.anchor == "root" else None)
             result = json.loads((made / RUN_FILE).read_text())
             if result["params"] != overrides:
                 raise SystemExit(f"{made} was made with {result['params']}, not {overrides}: use another --versions")
@@ -104,18 +111,13 @@ def main(argv: list[str] | None = None) -> None:
                 "utility": after.utility(utility_set), "base_utility": base_utility,
                 "utility_answers_changed": changed_answers(base_answers, after.answers(utility_set), shown=3),
                 "answers": figures[i]["answers"]}), flush=True)
-            first_seconds = first_seconds or seconds
+            first_seconds = first_seconds or seconds  # request 1's, whether run now or earlier
     if args.together:
         union = [r for s in sets for r in s]
         retain = [r for r in tofu if r["id"] not in erased] + kept
-        started = time.perf_counter()
-        outcome = run_unlearning(str(root), union, retain, params=get_method("masc").parse(overrides),
-                                 device=args.device)
-        seconds = time.perf_counter() - started
-        result = outcome.result.as_dict()
         with tempfile.TemporaryDirectory() as together_dir:
-            outcome.model.save_pretrained(together_dir)
-            outcome.tokenizer.save_pretrained(together_dir)
+            result = run_into(Path(together_dir), Path(root), union, retain, overrides, args.device, anchor=None)
+            seconds = result["seconds"]
             after = Measurer(Path(together_dir), measure_on)
             figures = [after.erased(s, secrets[j]) for j, s in enumerate(sets)]
             print(json.dumps({
