@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 from bench.bench_one_request import changed_answers
-from bench.bench_sequential import PAIRS, Measurer, sequential_records
+from bench.bench_sequential import PAIRS, Measurer, distinctive_secrets, regressed, sequential_records
 from bench.mini_tofu import fixture, tofu_records
 from lethe.engine.audit.extraction import request_secrets
 from lethe.engine.methods import get_method
@@ -71,6 +71,8 @@ def main(argv: list[str] | None = None) -> None:
     tofu, kept, utility_set = sequential_records()
     sets = [tofu_records(range(a, b + 1)) for a, b in PAIRS[:args.requests]]
     secrets = [request_secrets(s, [r for r in tofu if r["id"] not in {x["id"] for x in s}]) for s in sets]
+    distinctive = [distinctive_secrets(secrets[i], [r for r in tofu if r not in s] + kept + utility_set)
+                   for i, s in enumerate(sets)]
     measure_on = torch.device(args.device or "cpu")
     base = Measurer(root, measure_on)
     base_utility, base_answers = base.utility(utility_set), base.answers(utility_set)
@@ -93,7 +95,7 @@ def main(argv: list[str] | None = None) -> None:
             seconds, start = result["seconds"], made
             erased |= {r["id"] for r in forget}
             after = Measurer(start, measure_on)
-            figures = [after.erased(s, secrets[j]) for j, s in enumerate(sets[:i + 1])]
+            figures = [after.erased(s, secrets[j], distinctive[j]) for j, s in enumerate(sets[:i + 1])]
             own.append(figures[i])
             retain_now = [r for r in tofu if r["id"] not in erased] + kept
             sample = random.Random(i).sample(retain_now, min(RETAIN_SAMPLE, len(retain_now)))
@@ -101,11 +103,13 @@ def main(argv: list[str] | None = None) -> None:
                 "request": i + 1, "authors": list(PAIRS[i]), "params": overrides, "seconds": round(seconds, 1),
                 "stop_reason": result["stop_reason"], "steps": result["steps"],
                 "exact_match": figures[i]["exact_match"], "leak_greedy": figures[i]["leak_greedy"],
+                "leak_distinctive": figures[i]["leak_distinctive"],
                 "earlier_exact_match": [f["exact_match"] for f in figures[:i]],
                 "earlier_leak_greedy": [f["leak_greedy"] for f in figures[:i]],
-                "earlier_regressed": [j + 1 for j, f in enumerate(figures[:i])
-                                      if f["exact_match"] > own[j]["exact_match"]
-                                      or f["leak_greedy"] > own[j]["leak_greedy"]],
+                "earlier_leak_distinctive": [f["leak_distinctive"] for f in figures[:i]],
+                "earlier_regressed": regressed(figures[:i], own, "leak_distinctive"),
+                "earlier_regressed_raw": regressed(figures[:i], own, "leak_greedy"),
+                "earlier_leaking_distinctive": [f["leaking_distinctive"] for f in figures[:i]],
                 "retain_exact_match": after.retain_exact_match(sample),
                 "base_retain_exact_match": base.retain_exact_match(sample),
                 "utility": after.utility(utility_set), "base_utility": base_utility,
@@ -119,13 +123,15 @@ def main(argv: list[str] | None = None) -> None:
             result = run_into(Path(together_dir), Path(root), union, retain, overrides, args.device, anchor=None)
             seconds = result["seconds"]
             after = Measurer(Path(together_dir), measure_on)
-            figures = [after.erased(s, secrets[j]) for j, s in enumerate(sets)]
+            figures = [after.erased(s, secrets[j], distinctive[j]) for j, s in enumerate(sets)]
             print(json.dumps({
                 "together": len(sets), "params": overrides, "seconds": round(seconds, 1),
                 "ratio_to_first_request": round(seconds / first_seconds, 2), "stop_reason": result["stop_reason"],
                 "steps": result["steps"], "exact_match": [f["exact_match"] for f in figures],
                 "leak_greedy": [f["leak_greedy"] for f in figures],
-                "above_own": [j + 1 for j, f in enumerate(figures) if f["leak_greedy"] > own[j]["leak_greedy"]],
+                "leak_distinctive": [f["leak_distinctive"] for f in figures],
+                "above_own": [j + 1 for j, f in enumerate(figures)
+                              if f["leak_distinctive"] > own[j]["leak_distinctive"]],
                 "retain_exact_match": after.retain_exact_match(sample),
                 "utility": after.utility(utility_set), "base_utility": base_utility,
                 "utility_answers_changed": changed_answers(base_answers, after.answers(utility_set), shown=3),

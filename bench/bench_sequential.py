@@ -39,9 +39,10 @@ import httpx
 import torch
 
 from bench.mini_tofu import ROOT, fixture, tofu_records, update_benchmarks, world_facts
-from lethe.engine.audit.extraction import request_secrets
+from lethe.engine.audit.extraction import greedy_leaks, request_secrets
 from lethe.engine.audit.measurements import EvaluationSet, evaluate, retain_utility, verbatim
 from lethe.engine.audit.metrics.text import generation_metrics
+from lethe.engine.data.secrets import leaked_secrets
 from lethe.engine.model.loading import context_length, load_model
 
 RESULTS = ROOT / "bench" / "results" / "sequential.json"
@@ -67,12 +68,21 @@ class Measurer:
     def evaluation_set(self, records: list[dict], what: str) -> EvaluationSet:
         return EvaluationSet(records, self.tokenizer, self.length, 0, what)
 
-    def erased(self, records: list[dict], secrets: dict) -> dict:
+    def erased(self, records: list[dict], secrets: dict, distinctive: dict | None = None) -> dict:
+        """Greedy exact match and secret leakage of an erased set; with `distinctive` (distinctive_secrets), also
+        the leakage of those secrets alone."""
         out = evaluate(self.model, self.tokenizer, self.evaluation_set(records, "forget"), None, None,
                        secrets=secrets, samples=0)
-        return {"exact_match": out["forget_verbatim"]["exact_match"]["value"],
-                "leak_greedy": out["forget_secrets"]["greedy"]["value"],
-                "answers": dict(list(out["forget_verbatim"]["generated"].items())[:3])}
+        generated = out["forget_verbatim"]["generated"]
+        figures = {"exact_match": out["forget_verbatim"]["exact_match"]["value"],
+                   "leak_greedy": out["forget_secrets"]["greedy"]["value"],
+                   "answers": dict(list(generated.items())[:3])}
+        if distinctive is not None:
+            figures["leak_distinctive"] = greedy_leaks(generated, distinctive).get("value") or 0.0
+            figures["leaking_distinctive"] = {rid: [x for x in distinctive.get(rid, []) if leaked_secrets([x], text)]
+                                              for rid, text in generated.items()
+                                              if leaked_secrets(distinctive.get(rid, []), text)}
+        return figures
 
     def retain_exact_match(self, records: list[dict]) -> float:
         return verbatim(self.model, self.tokenizer, self.evaluation_set(records, "retain"))["exact_match"]["value"]
@@ -152,6 +162,21 @@ class Service:
         return next(target.iterdir())
 
 
+def distinctive_secrets(secrets: dict[str, list[str]], others: list[dict]) -> dict[str, list[str]]:
+    """Each record's secrets that no record outside its set says: those a model could only have from the erased
+    set itself. A generic word the extraction keeps ("significant", "honored") or a fact another author shares
+    ("Born in Taipei", said of a kept author too) drops out: a model that never saw the set says those as well, so
+    their coming back in an answer does not show the erased record coming back."""
+    texts = [str(r.get("completion", "")) for r in others]
+    return {rid: [x for x in spans if not any(leaked_secrets([x], t) for t in texts)] for rid, spans in secrets.items()}
+
+
+def regressed(now: list[dict], own: list[dict], leak: str) -> list[int]:
+    """The earlier sets (numbered from 1) whose exact match or `leak` is above its figure right after its own
+    erasure."""
+    return [j + 1 for j, e in enumerate(now) if e["exact_match"] > own[j]["exact_match"] or e[leak] > own[j][leak]]
+
+
 def sequential_records() -> tuple[list[dict], list[dict], list[dict]]:
     """The fixture's 400 QA, the 60 world facts kept in the model's retain set, and the 57 no retain term holds (the
     utility set)."""
@@ -184,8 +209,10 @@ def main(argv: list[str] | None = None) -> None:
     sets = [tofu_records(range(a, b + 1)) for a, b in pairs]
     erased_ids = lambda upto: {r["id"] for s in sets[:upto] for r in s}  # noqa: E731
     secrets = [request_secrets(s, [r for r in tofu if r["id"] not in {x["id"] for x in s}]) for s in sets]
+    distinctive = [distinctive_secrets(secrets[i], [r for r in tofu if r not in s] + kept_facts + utility_set)
+                   for i, s in enumerate(sets)]
     base = Measurer(source)
-    base_erased = [base.erased(s, secrets[i]) for i, s in enumerate(sets)]
+    base_erased = [base.erased(s, secrets[i], distinctive[i]) for i, s in enumerate(sets)]
     base_utility = base.utility(utility_set)
     service = Service(source.parent)
     rows, together = [], {}
@@ -203,18 +230,20 @@ def main(argv: list[str] | None = None) -> None:
             report = service.report(job["id"])
             retain_now = [r for r in tofu if r["id"] not in erased_ids(i + 1)] + kept_facts
             sample = random.Random(i).sample(retain_now, min(RETAIN_SAMPLE, len(retain_now)))
-            earlier = [measured.erased(s, secrets[j]) for j, s in enumerate(sets[:i + 1])]
+            earlier = [measured.erased(s, secrets[j], distinctive[j]) for j, s in enumerate(sets[:i + 1])]
             after_own.append(earlier[i])
             rows.append({
                 "request": i + 1, "authors": list(pair), "version": job["result"]["model_version"],
                 "seconds": round(seconds, 1), "stop_reason": job["result"]["stop_reason"],
                 "steps": job["result"]["steps"], "forgotten": report["verdict"]["forgotten"],
                 "exact_match": round(earlier[i]["exact_match"], 3), "leak_greedy": round(earlier[i]["leak_greedy"], 3),
+                "leak_distinctive": round(earlier[i]["leak_distinctive"], 3),
                 "earlier_exact_match": [round(e["exact_match"], 3) for e in earlier[:i]],
                 "earlier_leak_greedy": [round(e["leak_greedy"], 3) for e in earlier[:i]],
-                "earlier_regressed": [j + 1 for j, e in enumerate(earlier[:i])
-                                      if e["exact_match"] > after_own[j]["exact_match"]
-                                      or e["leak_greedy"] > after_own[j]["leak_greedy"]],
+                "earlier_leak_distinctive": [round(e["leak_distinctive"], 3) for e in earlier[:i]],
+                "earlier_regressed": regressed(earlier[:i], after_own, "leak_distinctive"),
+                "earlier_regressed_raw": regressed(earlier[:i], after_own, "leak_greedy"),
+                "earlier_leaking_distinctive": [e["leaking_distinctive"] for e in earlier[:i]],
                 "retain_exact_match": round(measured.retain_exact_match(sample), 3),
                 "base_retain_exact_match": round(base.retain_exact_match(sample), 3),
                 "utility": measured.utility(utility_set), "base_utility": base_utility,
@@ -232,7 +261,7 @@ def main(argv: list[str] | None = None) -> None:
         seconds = time.perf_counter() - started
         last = max(j["result"]["model_version"] for j in jobs)
         measured = Measurer(service.download(model_together, last))
-        final = [measured.erased(s, secrets[j]) for j, s in enumerate(sets)]
+        final = [measured.erased(s, secrets[j], distinctive[j]) for j, s in enumerate(sets)]
         together = {"seconds": round(seconds, 1), "one_request_seconds": rows[0]["seconds"],
                     "ratio": round(seconds / rows[0]["seconds"], 2),
                     "runs": len({j["run_id"] or j["id"] for j in jobs}),
@@ -240,6 +269,7 @@ def main(argv: list[str] | None = None) -> None:
                     "forgotten": [service.report(j)["verdict"]["forgotten"] for j in ids],
                     "exact_match": [round(e["exact_match"], 3) for e in final],
                     "leak_greedy": [round(e["leak_greedy"], 3) for e in final],
+                    "leak_distinctive": [round(e["leak_distinctive"], 3) for e in final],
                     "retain_exact_match": round(measured.retain_exact_match(kept_facts), 3),
                     "base_retain_exact_match": round(base.retain_exact_match(kept_facts), 3),
                     "utility": measured.utility(utility_set)}
@@ -251,8 +281,10 @@ def main(argv: list[str] | None = None) -> None:
                                                                  for r in rows),
         "retain exact match >= 95 % of the base's after every request": all(
             r["retain_exact_match"] >= 0.95 * r["base_retain_exact_match"] for r in rows),
-        "no earlier set's exact match or leakage above its own erasure's": not any(r["earlier_regressed"]
-                                                                                    for r in rows),
+        "no earlier set's exact match or distinctive-secret leakage above its own erasure's": not any(
+            r["earlier_regressed"] for r in rows),
+        "(for reference) no earlier set's leakage of any extracted secret above its own erasure's": not any(
+            r["earlier_regressed_raw"] for r in rows),
         "ten together in at most 3x one request's time": together["ratio"] <= 3.0,
         "each request its own verdict": len(together["forgotten"]) == len(sets),
     }
@@ -274,17 +306,23 @@ def table(rows: list[dict], together: dict, checks: dict, command: str, results:
              f"Measured on {platform.machine()} (2 threads), CPU; raw figures and three answers per request in "
              f"`bench/results/{results}`. {job}, audit without quantisation and "
              "relearning. Retain EM: a seeded sample of 100 of the model's retain set at that point, beside the "
-             "base's on the same sample; utility: model utility on 57 world facts never in a retain set.", "",
-             "| request | authors | s | stop | steps | verdict | EM | leak | worst earlier EM | worst earlier leak "
+             "base's on the same sample; utility: model utility on 57 world facts never in a retain set. Leak: greedy "
+             "secret leakage of every extracted secret, in brackets of the distinctive ones alone (those no record "
+             "outside the set says: `distinctive_secrets`); an earlier set is above its own erasure when its exact "
+             "match or distinctive leak is.", "",
+             "| request | authors | s | stop | steps | verdict | EM | leak (distinctive) | worst earlier EM "
+             "| worst earlier leak (distinctive) "
              "| earlier sets above their own erasure | retain EM (base) | utility (base) |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         worst_em = max(r["earlier_exact_match"], default=None)
         worst_leak = max(r["earlier_leak_greedy"], default=None)
+        worst_distinctive = max(r.get("earlier_leak_distinctive", []), default=None)
         lines.append(f"| {r['request']} | {r['authors'][0]}-{r['authors'][1]} | {r['seconds']} | {r['stop_reason']} "
                      f"| {r['steps']} | {'Forgotten' if r['forgotten'] else 'Not established'} | {r['exact_match']} "
-                     f"| {r['leak_greedy']} | {'' if worst_em is None else worst_em} "
-                     f"| {'' if worst_leak is None else worst_leak} | {r['earlier_regressed'] or 'none'} "
+                     f"| {r['leak_greedy']} ({r.get('leak_distinctive')}) | {'' if worst_em is None else worst_em} "
+                     f"| {'' if worst_leak is None else f'{worst_leak} ({worst_distinctive})'} "
+                     f"| {r['earlier_regressed'] or 'none'} "
                      f"| {r['retain_exact_match']} ({r['base_retain_exact_match']}) "
                      f"| {r['utility']} ({r['base_utility']}) |")
     t = together
@@ -292,7 +330,8 @@ def table(rows: list[dict], together: dict, checks: dict, command: str, results:
               "request "
               f"(ratio {t['ratio']}), {t['runs']} run(s), versions {t['versions']}; verdicts "
               f"{sum(t['forgotten'])}/{len(t['forgotten'])} Forgotten; EM per set {t['exact_match']}, leak "
-              f"{t['leak_greedy']}; retain EM on the kept world facts {t['retain_exact_match']} (base "
+              f"{t['leak_greedy']} (distinctive {t.get('leak_distinctive')}); "
+              f"retain EM on the kept world facts {t['retain_exact_match']} (base "
               f"{t['base_retain_exact_match']}); utility {t['utility']}.", ""]
     lines += [f"- {'PASS' if ok else 'FAIL'}: {check}" for check, ok in checks.items()]
     return "\n".join(lines)
