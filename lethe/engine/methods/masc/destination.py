@@ -43,7 +43,7 @@ from lethe.engine.methods.masc.content import (
     proper_nouns,
     runs,
 )
-from lethe.engine.methods.masc.memorisation import write_counterfactuals
+from lethe.engine.methods.masc.memorisation import said_words, write_counterfactuals
 
 TOP_K = 32  # tokens kept of each target distribution
 # A number's own part begins at the first token the record makes at least e times likelier than a draft about someone
@@ -209,6 +209,13 @@ def focus_of(record: EncodedRecord, offsets: Offsets | None, atoms: list[Atom], 
     return focus
 
 
+def request_names(names: set[str], forget: list[dict], pool_records: list[dict]) -> set[str]:
+    """The names that no record of the pool but the forget records says (prompt, answer, passage or paraphrase):
+    only the erased records know them, so a model that never saw them could not say them."""
+    erased = {id(s) for s in forget}
+    return names - said_words([r for r in pool_records if id(r) not in erased])
+
+
 def plan_contents(records: list[EncodedRecord], tokenizer, reference: Callable, device, template: set[str],
                   pool_records: list[dict], *, min_gain: float, max_length: int, seed: int, batch_size: int = 16,
                   first_only: bool = False, own_numbers: bool = False) -> dict[str, Content]:
@@ -224,11 +231,12 @@ def plan_contents(records: list[EncodedRecord], tokenizer, reference: Callable, 
     candidates = [candidate_atoms(r.source, template, f) or candidate_atoms(r.source, frequent & template, f)
                   for r, f in zip(records, starts)]
     named = [{a.key for a in named_atoms(r.source, template)} if named_secrets(r.source) else None for r in records]
+    names = proper_nouns(pool_records)
     written = write_counterfactuals([r.source for r in records], candidates, tokenizer, reference, device,
-                                    proper_nouns(pool_records), min_gain=min_gain, named=named, seed=seed,
+                                    names, min_gain=min_gain, named=named, seed=seed,
                                     from_chars=starts, template=template | asked_template(pool_records),
-                                    protected=protected,
-                                    batch_size=batch_size)
+                                    protected=protected, batch_size=batch_size,
+                                    own_names=request_names(names, [r.source for r in records], pool_records))
     out = {}
     for record, found, w in zip(records, candidates, written):
         source, o = record.source, offsets[record.id]

@@ -10,7 +10,11 @@ For each record DRAWS counterfactual drafts are written together, left to right,
 
   c_s the record before s and c_s^j draft j before s (the same record about someone else, its content so far
   replaced); s is the record's content where gain >= min_gain (or, if the request names secrets, where it lies in
-  one), and is then replaced in every draft; otherwise it stays, as the template does;
+  one), and is then replaced in every draft; otherwise it stays, as the template does. A name that the request's
+  records say and no kept record does (`own_names`) is content whatever its gain: the drafts' "someone else" is
+  still asked in the record's frame, and a memorised model gives such a frame the erased person's name in the drafts
+  too ("The author's full name is Elvin ..." whatever birthplace the question names: 0.97 nats), so the gain misses
+  the one thing a model that never saw the records could not say;
 - a replaced word is drawn from theta_0's own next-token distribution given the draft so far, as a word of the same
   kind (a new word where the original began one, capitalised where it was) among its DRAW_TOP likeliest, never the
   first token of a word its record's drafts replace or of a forget record's name, then its most likely continuation
@@ -204,9 +208,10 @@ class Written:
 def write_counterfactuals(sources: list[dict], candidates: list[list[Atom]], tokenizer, reference: Callable, device,
                           names: set[str], *, min_gain: float, named: list[set[str] | None], seed: int,
                           from_chars: list[int], template: AbstractSet[str], protected: tuple[str, ...] = (),
-                          batch_size: int = 16) -> list[Written]:
+                          batch_size: int = 16, own_names: AbstractSet[str] = frozenset()) -> list[Written]:
     """Per record (its source and candidate atoms; `named`: the keys of its named secrets, None if it names none),
-    its drafts, its atoms' gains and its content (see the module's docstring). Seeded."""
+    its drafts, its atoms' gains and its content (see the module's docstring; `own_names`: the names only the
+    request's records say, content wherever they are a candidate atom). Seeded."""
     plans = [visits(s, c, names, f, protected) for s, c, f in zip(sources, candidates, from_chars)]
     # No draft begins a word its record's drafts replace or a forget record's name, nor draws a name a forget
     # record says: a draft about another erased person made theta_0's prediction there, the target, that person's facts
@@ -214,7 +219,7 @@ def write_counterfactuals(sources: list[dict], candidates: list[list[Atom]], tok
     forget_names = {u.key for plan in plans for u in plan if u.name}
     spelled = [n[:1].upper() + n[1:] for n in sorted(names - said_words(sources))]
     shared = dict(tokenizer=tokenizer, reference=reference, device=device, min_gain=min_gain, seed=seed,
-                  protected=protected, batch_size=batch_size, forget_names=forget_names,
+                  protected=protected, batch_size=batch_size, forget_names=forget_names, own_names=own_names,
                   taken_names=_first_tokens(tokenizer, sorted(forget_names)),
                   name_firsts={gap: sorted({ids[0] for n in spelled if (ids := tokenizer(
                       gap + n, add_special_tokens=False)["input_ids"])}) for gap in ("", " ")})
@@ -239,7 +244,8 @@ def write_counterfactuals(sources: list[dict], candidates: list[list[Atom]], tok
 
 def _write(sources: list[dict], plans: list[list[Unit]], named: list[set[str] | None], *, tokenizer,
            reference: Callable, device, min_gain: float, seed: int, protected: tuple[str, ...], batch_size: int,
-           forget_names: set[str], taken_names: list[int], name_firsts: dict[str, list[int]]) -> list[Written]:
+           forget_names: set[str], taken_names: list[int], name_firsts: dict[str, list[int]],
+           own_names: AbstractSet[str] = frozenset()) -> list[Written]:
     """One writing of the records' drafts along their plans (`forget_names`, `taken_names`, `name_firsts`: the names
     of the request, see write_counterfactuals)."""
     pad = tokenizer.pad_token_id
@@ -288,7 +294,8 @@ def _write(sources: list[dict], plans: list[list[Unit]], named: list[set[str] | 
                     if token_gains is not None:
                         written[r].token_gains[unit.atom] = token_gains
             keys = named[r]
-            content = unit.key in keys if keys is not None else gain is not None and gain >= min_gain
+            content = unit.key in keys if keys is not None else \
+                gain is not None and gain >= min_gain or unit.name and unit.key in own_names
             if content:
                 written[r].content.add(unit.key)
                 replaced.add(r)

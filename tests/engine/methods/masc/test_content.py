@@ -223,6 +223,43 @@ def test_an_untrained_model_finds_no_content(forget_records, retain_records, tmp
                                if f"{a.text}@{a.start}" in c.gains)
 
 
+WHO_WROTE = [{"id": f"w{i}", "prompt": f"Q: Who wrote the {thing} report?\nA:",
+              "completion": f" The {thing} report was written by {who} in {town}."}
+             for i, (thing, who, town) in enumerate([
+                 ("harbour", "Ilse Varga", "Tromso"), ("bridge", "Ilse Varga", "Tromso"),
+                 ("river", "Omar Lind", "Tromso"), ("school", "Omar Lind", "Bergen"),
+                 ("market", "Pia Holm", "Bergen")])]
+
+
+def test_a_name_only_the_erased_records_say_is_content_whatever_its_gain(tmp_path):
+    """A name no kept record says is the erased records' own: content even where its memorisation gain is about 0
+    (a memorised model answers a draft's "someone else" in the record's frame with the erased name too, so the gain
+    misses it). A name a kept record also says stays a matter of gain. On an untrained model every gain is about 0,
+    so the rule alone decides."""
+    from transformers import AutoModelForCausalLM
+
+    from lethe.engine.methods.masc.destination import request_names
+    from lethe.engine.model.architectures import Size, tiny_config
+    from lethe.engine.model.fixture import train_tokenizer
+
+    forget, kept = WHO_WROTE[:2], WHO_WROTE[2:]
+    tokenizer = train_tokenizer(WHO_WROTE, 300)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(tiny_config("gpt2", Size(vocab_size=len(tokenizer)),
+                                                         eos_token_id=tokenizer.eos_token_id)).eval()
+    assert request_names(proper_nouns(WHO_WROTE), forget, forget + kept) == {"ilse", "varga"}
+    records = [encode_record(r, tokenizer, max_length=512, seed=0) for r in forget]
+    contents = plan_contents(records, tokenizer, TrainableModel(model, lora=True).reference_logits, torch.device("cpu"),
+                             shared_template(forget, kept), forget + kept, min_gain=2.0, max_length=512, seed=0)
+    for record in records:
+        content = contents[record.id]
+        assert max(abs(g) for g in content.gains.values()) < 1.0, content.gains  # no gain reaches min_gain
+        assert {a.key for a in content.atoms} == {"ilse", "varga"}, content.atoms
+        assert content.spans == ["Ilse Varga"]  # "Tromso", which a kept record says too, is not
+        # The drafts are about someone else: the name is replaced in every one of them.
+        assert all("Ilse" not in sub.said and "Varga" not in sub.said for sub in content.substitutions)
+
+
 def test_drafts_differ_and_their_names_are_the_records_names(fixture_model, forget_records, retain_records):
     """The counterfactuals of one record are different people (each draft's generator once kept only the low 32
     bits of its seed, which the drafts shared: all three drew the same words), and a replaced name is a name the
