@@ -25,9 +25,8 @@ from pathlib import Path
 import torch
 
 from bench.bench_one_request import changed_answers
-from bench.bench_sequential import PAIRS, Measurer, distinctive_secrets, regressed, sequential_records
+from bench.bench_sequential import PAIRS, Measurer, regressed, sequential_records, set_secrets
 from bench.mini_tofu import fixture, tofu_records
-from lethe.engine.audit.extraction import request_secrets
 from lethe.engine.methods import get_method
 from lethe.engine.unlearn import run_unlearning
 
@@ -70,9 +69,7 @@ def main(argv: list[str] | None = None) -> None:
     root = fixture("sequential", log=lambda line: print(line, file=sys.stderr))
     tofu, kept, utility_set = sequential_records()
     sets = [tofu_records(range(a, b + 1)) for a, b in PAIRS[:args.requests]]
-    secrets = [request_secrets(s, [r for r in tofu if r["id"] not in {x["id"] for x in s}]) for s in sets]
-    distinctive = [distinctive_secrets(secrets[i], [r for r in tofu if r not in s] + kept + utility_set)
-                   for i, s in enumerate(sets)]
+    secrets, distinctive = set_secrets(sets, tofu, kept + utility_set)
     measure_on = torch.device(args.device or "cpu")
     base = Measurer(root, measure_on)
     base_utility, base_answers = base.utility(utility_set), base.answers(utility_set)

@@ -79,9 +79,9 @@ class Measurer:
                    "answers": dict(list(generated.items())[:3])}
         if distinctive is not None:
             figures["leak_distinctive"] = greedy_leaks(generated, distinctive).get("value") or 0.0
-            figures["leaking_distinctive"] = {rid: [x for x in distinctive.get(rid, []) if leaked_secrets([x], text)]
-                                              for rid, text in generated.items()
-                                              if leaked_secrets(distinctive.get(rid, []), text)}
+            figures["leaking_distinctive"] = {rid: said for rid, text in generated.items()
+                                              if (said := [x for x in distinctive.get(rid, [])
+                                                           if leaked_secrets([x], text)])}
         return figures
 
     def retain_exact_match(self, records: list[dict]) -> float:
@@ -162,6 +162,14 @@ class Service:
         return next(target.iterdir())
 
 
+def set_secrets(sets: list[list[dict]], tofu: list[dict], facts: list[dict]) -> tuple[list[dict], list[dict]]:
+    """Per erased set, its records' extracted secrets (against the other QA) and their distinctive part (against
+    every record outside the set: the other QA and the world facts)."""
+    secrets = [request_secrets(s, [r for r in tofu if r["id"] not in {x["id"] for x in s}]) for s in sets]
+    return secrets, [distinctive_secrets(found, [r for r in tofu if r not in s] + facts)
+                     for found, s in zip(secrets, sets)]
+
+
 def distinctive_secrets(secrets: dict[str, list[str]], others: list[dict]) -> dict[str, list[str]]:
     """Each record's secrets that no record outside its set says: those a model could only have from the erased
     set itself. A generic word the extraction keeps ("significant", "honored") or a fact another author shares
@@ -208,9 +216,7 @@ def main(argv: list[str] | None = None) -> None:
     tofu, kept_facts, utility_set = sequential_records()
     sets = [tofu_records(range(a, b + 1)) for a, b in pairs]
     erased_ids = lambda upto: {r["id"] for s in sets[:upto] for r in s}  # noqa: E731
-    secrets = [request_secrets(s, [r for r in tofu if r["id"] not in {x["id"] for x in s}]) for s in sets]
-    distinctive = [distinctive_secrets(secrets[i], [r for r in tofu if r not in s] + kept_facts + utility_set)
-                   for i, s in enumerate(sets)]
+    secrets, distinctive = set_secrets(sets, tofu, kept_facts + utility_set)
     base = Measurer(source)
     base_erased = [base.erased(s, secrets[i], distinctive[i]) for i, s in enumerate(sets)]
     base_utility = base.utility(utility_set)
