@@ -248,6 +248,8 @@ def test_a_name_only_the_erased_records_say_is_content_whatever_its_gain(tmp_pat
     model = AutoModelForCausalLM.from_config(tiny_config("gpt2", Size(vocab_size=len(tokenizer)),
                                                          eos_token_id=tokenizer.eos_token_id)).eval()
     assert request_names(proper_nouns(WHO_WROTE), forget, forget + kept) == {"ilse", "varga"}
+    # Copies of the forget records in the pool are theirs too (by equality as well as identity).
+    assert request_names(proper_nouns(WHO_WROTE), forget, [dict(r) for r in forget] + kept) == {"ilse", "varga"}
     records = [encode_record(r, tokenizer, max_length=512, seed=0) for r in forget]
     contents = plan_contents(records, tokenizer, TrainableModel(model, lora=True).reference_logits, torch.device("cpu"),
                              shared_template(forget, kept), forget + kept, min_gain=2.0, max_length=512, seed=0)
