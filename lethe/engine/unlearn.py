@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from lethe.engine.contract.errors import EngineInputError
@@ -52,9 +51,7 @@ def unlearn(model_source: str, inputs: RunInputs, *, params: SharedParams | None
     `memory_limit`: bytes the run may plan to use (None: what the device holds); over it, DoesNotFit at once.
     `anchor`: a model (a version of the same lineage) whose predictions on the retain records the retain term keeps,
     in place of the start model's (issue 28: over sequential requests the start has drifted; the anchor has not)."""
-    # Every "auto" the parameters decide, once; a run anchored to another version than its start is a successor.
-    successor = anchor is not None and Path(anchor).resolve() != Path(model_source).resolve()
-    params = (params or get_method("masc").parse()).resolved(successor=successor)
+    params = (params or get_method("masc").parse()).resolved()  # every "auto" the parameters decide, once
     method = get_method(params.method)
     objective_class = method.objective_class()
     run = prepare(model_source, inputs, params, device, memory_limit=memory_limit, objective=objective_class,

@@ -162,10 +162,9 @@ class SharedParams:
         """The restricted margin (k, rho, eta, beta) that measures V for a run with these parameters."""
         raise NotImplementedError
 
-    def resolved(self, successor: bool = False) -> SharedParams:
+    def resolved(self) -> SharedParams:
         """The parameters a run uses, every "auto" that the method's own fields decide taken in this one step
-        (run_unlearning calls it once; the objective and the stop policy receive what it returns). `successor`: the
-        run starts from a later version of its lineage and its retain term anchors to an earlier one. What depends on
+        (run_unlearning calls it once; the objective and the stop policy receive what it returns). What depends on
         the model or the device is decided where it is measured and reported there in the result: lora_targets by
         the architecture (model.lora_targets), dtype by the device (model.precision), MASC's alpha and record
         ceilings on theta_0 (methods.masc.calibration)."""

@@ -32,9 +32,8 @@ class BaselineParams(SharedParams):
         """The yardstick every baseline's V is measured with: MASC's default margin."""
         return MascParams().margin()
 
-    def resolved(self, successor: bool = False) -> BaselineParams:
-        """lr 0: the field's default for the parameter space, 1e-4 with LoRA, 1e-5 in full (a successor run the
-        same)."""
+    def resolved(self) -> BaselineParams:
+        """lr 0: the field's default for the parameter space, 1e-4 with LoRA, 1e-5 in full."""
         return dataclasses.replace(self, lr=self.lr or (1e-4 if self.lora else 1e-5))
 
     def check(self) -> None:

@@ -157,11 +157,6 @@ def test_presets_carry_the_published_defaults_and_explicit_values_win():
     assert (defaults.suppress, defaults.lambda_retain, defaults.lambda_keep, defaults.greedy_margin) == \
         ("content", "auto", "auto", 1.0)
     assert (defaults.resolved().lambda_retain, defaults.resolved().lambda_keep) == (3.0, 3.0)
-    # A successor run (from a later version, anchored to an earlier one) weighs its retain term 30; whole records 1.
-    assert (defaults.resolved(successor=True).lambda_retain, defaults.resolved(successor=True).lambda_keep) == \
-        (30.0, 3.0)
-    assert MascParams.from_dict({"suppress": "whole"}).resolved(successor=True).lambda_retain == 1.0
-    assert MascParams.from_dict({"lambda_retain": 2}).resolved(successor=True).lambda_retain == 2.0
     with pytest.raises(ValueError, match="lambda_keep is still 'auto'"):  # only resolved parameters train
         _ = defaults.keep_weight
     whole = MascParams.from_dict({}, preset="whole-record")

@@ -35,11 +35,10 @@ class MascParams(SharedParams):
                                     "lambda_forget_max (with content suppression also when too slow for pace_steps)",
                                 ge=0, note="0: never")
     # "auto": 3 with content suppression (it kept retain exact match on the customer benchmark, issue 11), else 1.
-    # Issue 28: a run from a later version, its retain term anchored to an earlier one, takes SUCCESSOR_RETAIN: see
-    # resolved.
-    lambda_retain: float | str = param("auto", "weight of the retain term; \"auto\": 3 with suppress \"content\" "
-                                               "(30 on a run from a later version of a lineage, anchored to an "
-                                               "earlier one), else 1", ge=0, auto=True)
+    # Issue 28: 30 on a run's successors only (3 on the first) did not hold a stream: on the sequential chain utility
+    # 0.974, 0.958, 0.941 and both earlier sets said a secret again ("Carmen Montenegro"); BENCHMARKS.md.
+    lambda_retain: float | str = param("auto", "weight of the retain term; \"auto\": 3 with suppress \"content\", "
+                                               "else 1", ge=0, auto=True)
     retain_loss: str = param("kl", "retain term: KL(pi_0 || pi_theta) on retain tokens, or their NLL",
                              choices=("kl", "nll"))
     # "auto": 3 with content suppression and the KL retain term (3 kept retain EM >= 0.976 on the customer benchmark
@@ -174,29 +173,14 @@ class MascParams(SharedParams):
         """lambda_retain once resolved (see resolved)."""
         return _number(self.lambda_retain, "lambda_retain")
 
-    def resolved(self, successor: bool = False) -> MascParams:
-        """lambda_retain "auto": 3 with content suppression (SUCCESSOR_RETAIN on a `successor` run), else 1;
-        lambda_keep "auto": 3 with content suppression and the KL retain term, else 0. alpha and record_ceiling stay:
-        calibration measures them on theta_0.
-
-        A successor run starts from a version that earlier runs already moved, and its retain term anchors to the
-        root: it must pull back what they moved, not only hold what this run moves, so one request's weight lets
-        collateral compound over a stream. A first run keeps 3, which leaves a deeper erasure (relearning, see
-        SUCCESSOR_RETAIN)."""
+    def resolved(self) -> MascParams:
+        """lambda_retain "auto": 3 with content suppression, else 1; lambda_keep "auto": 3 with content suppression
+        and the KL retain term, else 0. alpha and record_ceiling stay: calibration measures them on theta_0."""
         keep = (3.0 if self.content and self.retain_loss == "kl" else 0.0) if self.lambda_keep == "auto" \
             else self.lambda_keep
-        first = 3.0 if self.content else 1.0
-        retain = (SUCCESSOR_RETAIN if successor and self.content else first) if self.lambda_retain == "auto" \
-            else self.lambda_retain
+        retain = (3.0 if self.content else 1.0) if self.lambda_retain == "auto" else self.lambda_retain
         return dataclasses.replace(self, lambda_retain=retain, lambda_keep=keep)
 
-
-# Issue 28, measured on the sequential fixture (bench.bench_chain, three requests, utility bar 0.948): with 3 on
-# every request model utility fell 0.975, 0.928, 0.912; with 30 on every request 0.992, 0.970, 0.972. On the customer
-# benchmark (one request each, no anchor) 30 let relearning bring 1 record of 12 back in 6 runs of 18 against 1 with
-# 3, so a first run keeps 3 and the stronger pull is spent where drift compounds. Whole-record runs keep 1 (their
-# stream is not measured).
-SUCCESSOR_RETAIN = 30.0
 
 # The published method suppresses every token of a record: no destination, no replay, no margin on the greedy check.
 AS_PUBLISHED = dict(suppress="whole", lambda_keep=0.0, greedy_margin=0.0)
