@@ -10,6 +10,7 @@ drift; one JSON line per request, nothing written but the versions where `--vers
     python -m bench.bench_chain --requests 3 --params '{"number_tokens": "all"}'
     python -m bench.bench_chain --requests 3 --anchor start                  # each run anchored to its start
     python -m bench.bench_chain --requests 10 --versions bench/.fixtures/chain  # resumable: versions kept
+    python -m bench.bench_chain --requests 3 --relearn                       # and each own set after relearning
     python -m bench.bench_chain --requests 10 --together --device cuda       # on a GPU: the whole stream, then
                                                                              # the ten coalesced into one run"""
 from __future__ import annotations
@@ -62,6 +63,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--together", action="store_true",
                         help="then one run from the root erasing every request's authors at once (what coalescing "
                              "makes of a queue), timed against the first request")
+    parser.add_argument("--relearn", action="store_true",
+                        help="also run the audit's relearning probe on each request's own set, right after its "
+                             "erasure: the share of its records whose distinctive secrets come back")
     parser.add_argument("--device", default=None, help="the runs' and the measurements' device (default: the "
                                                        "engine's choice for the runs, the CPU for the measurements)")
     args = parser.parse_args(argv)
@@ -111,7 +115,9 @@ def main(argv: list[str] | None = None) -> None:
                 "base_retain_exact_match": base.retain_exact_match(sample),
                 "utility": after.utility(utility_set), "base_utility": base_utility,
                 "utility_answers_changed": changed_answers(base_answers, after.answers(utility_set), shown=3),
-                "answers": figures[i]["answers"]}), flush=True)
+                "answers": figures[i]["answers"],
+                **({"relearned_distinctive": after.relearned(forget, distinctive[i])} if args.relearn else {})}),
+                flush=True)
             first_seconds = first_seconds or seconds  # request 1's, whether run now or earlier
     if args.together:
         union = [r for s in sets for r in s]

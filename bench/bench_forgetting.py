@@ -15,7 +15,8 @@ the paraphrased prompts, fluency and PrivLeak against the retrain reference, for
 kept. Prints a table, writes bench/results/forgetting*.json and the block in BENCHMARKS.md. Nothing is asserted.
 `--customers-only` / `--tofu-only`: one block; `--archs gpt2,smollm2`: the customers' bases (all four by default);
 `--seeds N`: the default job's seeds (3); `--no-baselines`: no baselines; `--default-only`: the default job only (no
-preset, no baselines)."""
+preset, no baselines); `--successor`: the customers' runs start from a version that already erased another customer
+(the default job, cached) and anchor to the base, as the service runs a model's second request (issue 28)."""
 from __future__ import annotations
 
 import json
@@ -45,6 +46,7 @@ ARCHS = ["gpt2", "gpt_neox", "llama", "smollm2"]
 PRETRAINED = {"smollm2": smollm2_instruct}
 PRETRAINED_TUNING = {"epochs": 20, "lr": 2e-4, "batch_size": 16}
 FORGET, RETAIN, HOLDOUT = range(0, 3), range(3, 24), range(24, 27)  # customers: 12, 84 and 12 records
+PRIOR = RETAIN[-1]  # --successor: the customer the model's earlier request erased
 BASELINES = {"graddiff": {"epochs": 100, "lr": 1e-3}, "npo_kl": {"epochs": 100, "lr": 1e-3}}
 TOFU_HOLDOUT = range(160, 162)  # 40 QA of two authors no mini-TOFU model was trained on
 RESULTS = ROOT / "bench" / "results"
@@ -72,9 +74,9 @@ def customer_fixture(arch: str, groups: list[list[dict]], log, reference: bool =
 
 
 def run(source: str, forget, retain, sets, neighbour_ids, values: dict, method: str, preset: str | None,
-        reference, reference_figures, base_figures=None) -> dict:
+        reference, reference_figures, base_figures=None, anchor: str | None = None) -> dict:
     started = time.perf_counter()
-    outcome = run_unlearning(source, forget, retain, params=params_for(method, values, preset))
+    outcome = run_unlearning(source, forget, retain, params=params_for(method, values, preset), anchor=anchor)
     seconds = time.perf_counter() - started
     r = outcome.result.as_dict()
     erasure = r.get("erasure") or {}
@@ -106,17 +108,34 @@ def masc_runs(seeds: int) -> list[tuple[str, str, dict, str | None, str]]:
     return out
 
 
+def earlier_request(arch: str, source: str, groups: list[list[dict]], retain: list[dict], log) -> str:
+    """`--successor`: the base with the last retain customer erased by the default job (the model's first request),
+    cached beside the fixtures."""
+    out = CACHE / f"customers-{arch}-successor"
+    if not (out / "lethe_fixture.json").exists():
+        log(f"customers {arch}: the earlier request (customer {PRIOR})")
+        outcome = run_unlearning(source, [{k: v for k, v in r.items() if k != "secrets"} for r in groups[PRIOR]],
+                                 retain)
+        outcome.model.save_pretrained(out)
+        outcome.tokenizer.save_pretrained(out)
+        (out / "lethe_fixture.json").write_text(json.dumps({"earlier_request": outcome.result.as_dict()["steps"]}))
+    return str(out)
+
+
 def customers_block(log, seeds: int) -> list[dict]:
     groups = customer_records(27, seed=0)
+    successor = "--successor" in sys.argv
+    kept = [i for i in RETAIN if not successor or i != PRIOR]  # the earlier request's customer is erased
     named = [r for i in FORGET for r in groups[i]]
     plain = [{k: v for k, v in r.items() if k != "secrets"} for r in named]
-    retain = [r for i in RETAIN for r in groups[i]]
+    retain = [r for i in kept for r in groups[i]]
     holdout = [r for i in HOLDOUT for r in groups[i]]
-    neighbour_ids = {r["id"] for i in RETAIN if any(shares_a_name(groups[f], groups[i]) for f in FORGET)
+    neighbour_ids = {r["id"] for i in kept if any(shares_a_name(groups[f], groups[i]) for f in FORGET)
                      for r in groups[i]}
     rows = []
     for arch in picked_archs() or ARCHS:
         source = customer_fixture(arch, groups, log)
+        start = earlier_request(arch, source, groups, retain, log) if successor else source
         base, tokenizer = load_model(source, torch.device("cpu"))
         reference, _ = load_model(customer_fixture(arch, groups, log, reference=True), torch.device("cpu"))
         max_length = context_length(base, tokenizer)
@@ -137,9 +156,11 @@ def customers_block(log, seeds: int) -> list[dict]:
         todo = [*masc_runs(seeds), *baselines]
         for name, method, values, preset, which in todo:
             log(f"customers {arch}: {name}")
-            rows.append({"data": "customers", "arch": arch, "run": name,
-                         **run(source, plain if which == "plain" else named, retain, sets, neighbour_ids, values,
-                               method, preset, reference, ref_row, base_row)})
+            rows.append({"data": "customers", "arch": arch, "run": name + (", after an earlier request" if successor
+                                                                          else ""),
+                         **run(start, plain if which == "plain" else named, retain, sets, neighbour_ids, values,
+                               method, preset, reference, ref_row, base_row,
+                               anchor=source if successor else None)})
         del base, reference
     return rows
 
@@ -204,7 +225,7 @@ def verdict_count(rows: list[dict]) -> str:
     return "Runs the per-record verdict calls \"Forgotten\":\n\n" + "\n".join(lines)
 
 
-FLAGS = {"--customers-only", "--tofu-only", "--no-baselines", "--default-only"}
+FLAGS = {"--customers-only", "--tofu-only", "--no-baselines", "--default-only", "--successor"}
 VALUED = {"--archs", "--seeds"}  # each takes the argument after it
 
 
@@ -240,6 +261,8 @@ def main() -> None:
     name = {None: "forgetting", "--customers-only": "forgetting-customers", "--tofu-only": "forgetting-tofu"}[only]
     if picked_archs() and only != "--tofu-only":  # a block of its own: the others' tables stay
         name += "-" + "-".join(picked_archs())
+    if "--successor" in sys.argv and only != "--tofu-only":
+        name += "-successor"
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / f"{name}.json").write_text(json.dumps({"rows": rows, "versions": library_versions(),
                                                       "machine": platform.platform()}, indent=2, default=str))
@@ -251,6 +274,8 @@ def main() -> None:
                                                                                            "Customer records")
     if name.startswith("forgetting-customers-"):
         data += ", pretrained SmolLM2-135M" if "smollm2" in name else ", small models"
+    if name.endswith("-successor"):
+        data += ", a second request (anchored to the base)"
     update_benchmarks(name, f"### {data}: {command}\n\n"
                             f"Measured on {platform.machine()} ({torch.get_num_threads()} threads), CPU. "
                             f"Raw figures (and a few answers of each run): `bench/results/{name}.json`. Leak "

@@ -42,6 +42,7 @@ from bench.mini_tofu import ROOT, fixture, tofu_records, update_benchmarks, worl
 from lethe.engine.audit.extraction import greedy_leaks, request_secrets
 from lethe.engine.audit.measurements import EvaluationSet, evaluate, retain_utility, verbatim
 from lethe.engine.audit.metrics.text import generation_metrics
+from lethe.engine.audit.relearn import relearning_probe
 from lethe.engine.data.secrets import leaked_secrets
 from lethe.engine.model.loading import context_length, load_model
 
@@ -83,6 +84,16 @@ class Measurer:
                                               if (said := [x for x in distinctive.get(rid, [])
                                                            if leaked_secrets([x], text)])}
         return figures
+
+    def relearned(self, records: list[dict], secrets: dict) -> dict:
+        """The audit's relearning probe on an erased set (a copy fine-tuned on half of it, the other half measured,
+        twice): the share of its records with `secrets` whose greedy answer says one after the last budget, the
+        share before any relearning step, and those records' ids."""
+        chosen = self.evaluation_set(records, "forget")
+        points = relearning_probe(self.model, self.tokenizer, chosen.main, chosen.references, seed=0,
+                                  secrets=secrets)["points"]
+        return {"before": points[0]["secret_leak"], "after": points[-1]["secret_leak"],
+                "leaking": points[-1]["leaking_ids"]}
 
     def retain_exact_match(self, records: list[dict]) -> float:
         return verbatim(self.model, self.tokenizer, self.evaluation_set(records, "retain"))["exact_match"]["value"]
