@@ -110,7 +110,8 @@ def masc_runs(seeds: int) -> list[tuple[str, str, dict, str | None, str]]:
 
 def earlier_request(arch: str, source: str, groups: list[list[dict]], retain: list[dict], log) -> str:
     """`--successor`: the base with the last retain customer erased by the default job (the model's first request),
-    cached beside the fixtures."""
+    cached beside the fixtures: made by the engine of its day, so delete the folder after a change of the default
+    job."""
     out = CACHE / f"customers-{arch}-successor"
     if not (out / "lethe_fixture.json").exists():
         log(f"customers {arch}: the earlier request (customer {PRIOR})")

@@ -176,9 +176,10 @@ class Service:
 def set_secrets(sets: list[list[dict]], tofu: list[dict], facts: list[dict]) -> tuple[list[dict], list[dict]]:
     """Per erased set, its records' extracted secrets (against the other QA) and their distinctive part (against
     every record outside the set: the other QA and the world facts)."""
-    secrets = [request_secrets(s, [r for r in tofu if r["id"] not in {x["id"] for x in s}]) for s in sets]
-    return secrets, [distinctive_secrets(found, [r for r in tofu if r not in s] + facts)
-                     for found, s in zip(secrets, sets)]
+    ids = [{x["id"] for x in s} for s in sets]
+    outside = [[r for r in tofu if r["id"] not in own] for own in ids]
+    secrets = [request_secrets(s, others) for s, others in zip(sets, outside)]
+    return secrets, [distinctive_secrets(found, others + facts) for found, others in zip(secrets, outside)]
 
 
 def distinctive_secrets(secrets: dict[str, list[str]], others: list[dict]) -> dict[str, list[str]]:

@@ -211,10 +211,9 @@ def focus_of(record: EncodedRecord, offsets: Offsets | None, atoms: list[Atom], 
 
 def request_names(names: set[str], forget: list[dict], pool_records: list[dict]) -> set[str]:
     """The names that no record of the pool but the forget records says (prompt, answer, passage or paraphrased
-    prompt): only the erased records know them, so a model that never saw them could not say them. A pool record
-    is the forget records' own dict or an equal copy of one (a copy left in the pool would say every name)."""
-    erased = {id(s) for s in forget}
-    return names - said_words([r for r in pool_records if id(r) not in erased and r not in forget])
+    prompt): only the erased records know them, so a model that never saw them could not say them. A forget record
+    in the pool is its own dict or an equal copy (`in` compares both ways; a copy left in would say every name)."""
+    return names - said_words([r for r in pool_records if r not in forget])
 
 
 def plan_contents(records: list[EncodedRecord], tokenizer, reference: Callable, device, template: set[str],
