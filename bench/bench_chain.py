@@ -2,15 +2,20 @@
 of authors from version n-1, the retain term anchored to the root (the fixture) as the service anchors it, the retain
 set the model's at that point (the QA not erased so far and the 60 world facts). After every request: each erased
 set so far (greedy exact match and secret leakage, beside its figures right after its own erasure), retain exact match
-on a seeded 100, model utility on the 57 world facts no retain term holds, and how many of them the requests so far
-answer differently from the base. A cheaper way (about half the service's time per request) to compare settings on
-drift; one JSON line per request, nothing written but the versions where `--versions` names a folder.
+on a seeded 100, model utility on the 57 world facts no retain term holds, how close their answers are to flipping
+(bench.utility_margins), and how many of them the requests so far answer differently from the base. A cheaper way
+(about half the service's time per request) to compare settings on drift; one JSON line per request, nothing written
+but the versions where `--versions` names a folder.
 
     python -m bench.bench_chain --requests 3                                 # the default job
     python -m bench.bench_chain --requests 3 --params '{"number_tokens": "all"}'
     python -m bench.bench_chain --requests 3 --anchor start                  # each run anchored to its start
     python -m bench.bench_chain --requests 10 --versions bench/.fixtures/chain  # resumable: versions kept
     python -m bench.bench_chain --requests 3 --relearn                       # and each own set after relearning
+    python -m bench.bench_chain --requests 2 --params-from 2 --params '{"lora_r": 4}' --versions DIR
+                                                                             # request 2 only, from DIR's v2
+    python -m bench.bench_chain --requests 2 --from-root --versions DIR      # each run from the root; measured:
+                                                                             # the root plus every run's change
     python -m bench.bench_chain --requests 10 --together --device cuda       # on a GPU: the whole stream, then
                                                                              # the ten coalesced into one run"""
 from __future__ import annotations
@@ -50,6 +55,23 @@ def run_into(made: Path, start: Path, forget: list[dict], retain: list[dict], ov
     return result
 
 
+def composed(root: Path, own: list[Path], out: Path) -> None:
+    """`--from-root`: the root's weights plus every run's change (own_i - root), saved in `out` with the root's
+    tokenizer: what a lineage would publish if each request were erased from the root on its own."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    model = AutoModelForCausalLM.from_pretrained(root)
+    base = {k: v.clone() for k, v in model.state_dict().items()}
+    total = {k: v.clone() for k, v in base.items()}
+    for version in own:
+        theirs = AutoModelForCausalLM.from_pretrained(version).state_dict()
+        for k, v in total.items():
+            if v.is_floating_point():
+                v += theirs[k] - base[k]
+    model.load_state_dict(total)
+    model.save_pretrained(out)
+    AutoTokenizer.from_pretrained(root).save_pretrained(out)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.bench_chain")
     parser.add_argument("--requests", type=int, default=3, help="how many of the ten pairs, in order")
@@ -63,6 +85,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--together", action="store_true",
                         help="then one run from the root erasing every request's authors at once (what coalescing "
                              "makes of a queue), timed against the first request")
+    parser.add_argument("--params-from", type=int, default=1, metavar="N",
+                        help="--params apply from request N on; the versions of earlier requests are taken from "
+                             "--versions as they are, whatever made them (to compare settings on request N from the "
+                             "same start: copy v2..vN into a new folder)")
+    parser.add_argument("--from-root", action="store_true",
+                        help="each request's run from the root (its own version r<n>), not from version n-1; the "
+                             "version measured after request n is the root plus the sum of runs 1..n's changes")
     parser.add_argument("--relearn", action="store_true",
                         help="also run the audit's relearning probe on each request's own set, right after its "
                              "erasure: the share of its records whose distinctive secrets come back")
@@ -77,6 +106,7 @@ def main(argv: list[str] | None = None) -> None:
     measure_on = torch.device(args.device or "cpu")
     base = Measurer(root, measure_on)
     base_utility, base_answers = base.utility(utility_set), base.answers(utility_set)
+    base_margins = base.utility_margins(utility_set)
     own: list[dict] = []
     first_seconds = 0.0
     erased: set[str] = set()
@@ -86,14 +116,22 @@ def main(argv: list[str] | None = None) -> None:
         for i, forget in enumerate(sets):
             leaving = erased | {r["id"] for r in forget}
             retain = [r for r in tofu if r["id"] not in leaving] + kept
-            made = work / f"v{i + 2}"
+            made = work / (f"r{i + 1}" if args.from_root and i else f"v{i + 2}")
+            reused = i + 1 < args.params_from  # an earlier request's version, taken as it is
             if not (made / RUN_FILE).exists():  # written last: a version without it was cut off
-                run_into(made, start, forget, retain, overrides, args.device,
-                         anchor=str(root) if i and args.anchor == "root" else None)
+                if reused:
+                    raise SystemExit(f"--params-from {args.params_from}: {made} must already hold request {i + 1}")
+                run_into(made, Path(root) if args.from_root else start, forget, retain, overrides, args.device,
+                         anchor=str(root) if i and args.anchor == "root" and not args.from_root else None)
             result = json.loads((made / RUN_FILE).read_text())
-            if result["params"] != overrides:
+            if result["params"] != overrides and not reused:
                 raise SystemExit(f"{made} was made with {result['params']}, not {overrides}: use another --versions")
             seconds, start = result["seconds"], made
+            if args.from_root and i:  # request 1's run is its own version v2 either way
+                start = work / f"v{i + 2}"
+                if (start / RUN_FILE).exists():
+                    raise SystemExit(f"{start} is a chained run's version, not a sum: use another --versions")
+                composed(Path(root), [work / "v2"] + [work / f"r{j + 1}" for j in range(1, i + 1)], start)
             erased |= {r["id"] for r in forget}
             after = Measurer(start, measure_on)
             figures = [after.erased(s, secrets[j], distinctive[j]) for j, s in enumerate(sets[:i + 1])]
@@ -101,7 +139,7 @@ def main(argv: list[str] | None = None) -> None:
             retain_now = [r for r in tofu if r["id"] not in erased] + kept
             sample = random.Random(i).sample(retain_now, min(RETAIN_SAMPLE, len(retain_now)))
             print(json.dumps({
-                "request": i + 1, "authors": list(PAIRS[i]), "params": overrides, "seconds": round(seconds, 1),
+                "request": i + 1, "authors": list(PAIRS[i]), "params": result["params"], "seconds": round(seconds, 1),
                 "stop_reason": result["stop_reason"], "steps": result["steps"],
                 "exact_match": figures[i]["exact_match"], "leak_greedy": figures[i]["leak_greedy"],
                 "leak_distinctive": figures[i]["leak_distinctive"],
@@ -114,6 +152,7 @@ def main(argv: list[str] | None = None) -> None:
                 "retain_exact_match": after.retain_exact_match(sample),
                 "base_retain_exact_match": base.retain_exact_match(sample),
                 "utility": after.utility(utility_set), "base_utility": base_utility,
+                "utility_margins": after.utility_margins(utility_set), "base_utility_margins": base_margins,
                 "utility_answers_changed": changed_answers(base_answers, after.answers(utility_set), shown=3),
                 "answers": figures[i]["answers"],
                 **({"relearned_distinctive": after.relearned(forget, distinctive[i])} if args.relearn else {})}),
@@ -137,6 +176,7 @@ def main(argv: list[str] | None = None) -> None:
                               if f["leak_distinctive"] > own[j]["leak_distinctive"]],
                 "retain_exact_match": after.retain_exact_match(sample),
                 "utility": after.utility(utility_set), "base_utility": base_utility,
+                "utility_margins": after.utility_margins(utility_set), "base_utility_margins": base_margins,
                 "utility_answers_changed": changed_answers(base_answers, after.answers(utility_set), shown=3),
                 "answers": figures[0]["answers"]}), flush=True)
 

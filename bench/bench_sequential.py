@@ -39,6 +39,7 @@ import httpx
 import torch
 
 from bench.mini_tofu import ROOT, fixture, tofu_records, update_benchmarks, world_facts
+from bench.utility_margins import margin_summary, weakest_margins
 from lethe.engine.audit.extraction import greedy_leaks, request_secrets
 from lethe.engine.audit.measurements import EvaluationSet, evaluate, retain_utility, verbatim
 from lethe.engine.audit.metrics.text import generation_metrics
@@ -105,6 +106,11 @@ class Measurer:
 
     def utility(self, records: list[dict]) -> float:
         return self.utility_parts(records)["utility"]
+
+    def utility_margins(self, records: list[dict]) -> dict:
+        """How close the records' answers are to flipping (bench.utility_margins)."""
+        return margin_summary(weakest_margins(self.model, self.evaluation_set(records, "retain").main,
+                                              self.tokenizer.pad_token_id))
 
     def utility_parts(self, records: list[dict]) -> dict[str, float]:
         """Model utility and what it is the harmonic mean of (answer probability, ROUGE-L recall)."""
