@@ -131,7 +131,7 @@ def main(argv: list[str] | None = None) -> None:
                 start = work / f"v{i + 2}"
                 if (start / RUN_FILE).exists():
                     raise SystemExit(f"{start} is a chained run's version, not a sum: use another --versions")
-                composed(Path(root), [work / "v2"] + [work / f"r{j + 1}" for j in range(1, i + 1)], start)
+                composed(Path(root), [work / f"v{i + 1}", made], start)  # the last sum plus this run's change
             erased |= {r["id"] for r in forget}
             after = Measurer(start, measure_on)
             figures = [after.erased(s, secrets[j], distinctive[j]) for j, s in enumerate(sets[:i + 1])]
