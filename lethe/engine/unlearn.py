@@ -20,11 +20,13 @@ from lethe.engine.methods import Method, get_method
 from lethe.engine.methods.baseline_params import BaselineParams
 from lethe.engine.methods.masc.params import MascParams
 from lethe.engine.methods.masc.stop_policy import MascStopPolicy
+from lethe.engine.model.loading import lora_modules
 from lethe.engine.training.budget import FixedBudget
 from lethe.engine.training.loop import train
 from lethe.engine.training.result import Timing, UnlearnOutcome, UnlearnResult
 from lethe.engine.training.runtime import library_versions
 from lethe.engine.training.setup import ENGINE_VERSION, Prepared, build_trainable_model, prepare
+from lethe.engine.training.whitening import whiten_updates
 
 
 def stop_policy(method: Method, run: Prepared, params: SharedParams) -> MascStopPolicy | FixedBudget:
@@ -59,6 +61,9 @@ def unlearn(model_source: str, inputs: RunInputs, *, params: SharedParams | None
     stop = stop_policy(method, run, params)
     trainable = build_trainable_model(run.model, params, objective_class, run.precision)
     trainable.anchor = run.anchor
+    if params.whiten_updates:
+        whiten_updates(trainable, lora_modules(trainable.model, params.lora_targets), run.retain,
+                       run.tokenizer.pad_token_id, params.whiten_damping, params.eval_batch_size)
     objective = objective_class(params, trainable, run.tokenizer.pad_token_id)
     stop.start(objective)
     trained = train(objective, stop, trainable.trainable_parameters(), lr=params.lr,

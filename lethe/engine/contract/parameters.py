@@ -128,6 +128,14 @@ class SharedParams:
     lora_targets: list[str] | str = param(
         "auto", "modules LoRA wraps: \"auto\" = every attention and MLP projection of the architecture, found "
                 "automatically; or module names, comma-separated on the command line")
+    # Issue 28: on the sequential fixture, full fine-tuning whitened so cost the world facts outside every retain set
+    # about a quarter of the margin LoRA did for the same forget progress (BENCHMARKS.md, "Whitened updates").
+    whiten_updates: bool = param(False, "full fine-tuning (lora false): each attention and MLP projection trains on "
+                                        "its gradient times the inverse second moment of its inputs on the retain "
+                                        "records (MEMIT's key covariance), so that an update moves the weights along "
+                                        "directions retained text seldom uses; only those projections train")
+    whiten_damping: float = param(0.1, "whiten_updates: added to the second moment, as a share of its mean "
+                                       "diagonal (larger: closer to the plain gradient)", gt=0)
     max_length: int = param(0, "longest sequence in tokens; longer prompts lose tokens from the left", ge=0,
                             note="0: the model's context length")
     eval_batch_size: int = param(16, "records per forward pass when measuring", ge=1, le=4096)
@@ -157,6 +165,8 @@ class SharedParams:
         """The rules that tie several fields together (the class's own; none here but lora_targets')."""
         self.need(self.lora_targets == "auto" or (len(self.lora_targets) > 0 and "auto" not in self.lora_targets),
                   "lora_targets", "must be \"auto\" or name at least one module")
+        self.need(not self.whiten_updates or not self.lora, "whiten_updates",
+                  "needs lora false: it shapes full fine-tuning's updates of the projections")
 
     def margin(self) -> dict[str, float]:
         """The restricted margin (k, rho, eta, beta) that measures V for a run with these parameters."""

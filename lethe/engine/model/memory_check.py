@@ -77,5 +77,6 @@ def plan_run(config, params: SharedParams, precision: Precision, forget: list[En
     shards = torch.distributed.get_world_size() if sharding.active() and not params.lora else 1
     work = Workload(dtype=precision.name, lora=precision.lora, train_rows=forget_rows + retain_rows,
                     eval_rows=params.eval_batch_size, max_tokens=longest,
-                    gradient_checkpointing=params.gradient_checkpointing, shards=shards, anchored=anchored)
+                    gradient_checkpointing=params.gradient_checkpointing, shards=shards, anchored=anchored,
+                    whitened=params.whiten_updates)
     return estimate(model_shape(config, params, objective), work, capacity)
