@@ -16,7 +16,8 @@ kept. Prints a table, writes bench/results/forgetting*.json and the block in BEN
 `--customers-only` / `--tofu-only`: one block; `--archs gpt2,smollm2`: the customers' bases (all four by default);
 `--seeds N`: the default job's seeds (3); `--no-baselines`: no baselines; `--default-only`: the default job only (no
 preset, no baselines); `--successor`: the customers' runs start from a version that already erased another customer
-(the default job, cached) and anchor to the base, as the service runs a model's second request (issue 28)."""
+(the default job, cached) and anchor to the base, as the service runs a model's second request (issue 28);
+`--params JSON`: parameters added to every default-job row (each row keeps its seed)."""
 from __future__ import annotations
 
 import json
@@ -97,12 +98,17 @@ def run(source: str, forget, retain, sets, neighbour_ids, values: dict, method: 
     return row
 
 
+def job_params() -> dict:
+    """`--params JSON`: parameters added to every default-job row (to compare a setting on the same records)."""
+    return json.loads(sys.argv[sys.argv.index("--params") + 1]) if "--params" in sys.argv else {}
+
+
 def masc_runs(seeds: int) -> list[tuple[str, str, dict, str | None, str]]:
     """(row name, method, parameters, preset, which records: plain or named)."""
-    out = [(f"default, plain records, seed {s}", "masc", {"seed": s} if s else {}, None, "plain")
-           for s in range(seeds)]
-    out += [(f"default, secrets named, seed {s}", "masc", {"seed": s} if s else {}, None, "named")
-            for s in range(seeds)]
+    extra = job_params()
+    seeded = [{**extra, **({"seed": s} if s or "seed" in extra else {})} for s in range(seeds)]
+    out = [(f"default, plain records, seed {s}", "masc", seeded[s], None, "plain") for s in range(seeds)]
+    out += [(f"default, secrets named, seed {s}", "masc", seeded[s], None, "named") for s in range(seeds)]
     if "--default-only" not in sys.argv:
         out.append(("preset whole-record (the paper's suppression), plain", "masc", {}, "whole-record", "plain"))
     return out
@@ -227,7 +233,7 @@ def verdict_count(rows: list[dict]) -> str:
 
 
 FLAGS = {"--customers-only", "--tofu-only", "--no-baselines", "--default-only", "--successor"}
-VALUED = {"--archs", "--seeds"}  # each takes the argument after it
+VALUED = {"--archs", "--seeds", "--params"}  # each takes the argument after it
 
 
 def check_arguments(argv: list[str]) -> None:
