@@ -68,9 +68,9 @@ def _weight_hook(inverse: torch.Tensor, transposed: bool) -> Callable[[torch.Ten
 
 def whiten_updates(trainable: TrainableModel, module_names: list[str], records: list[EncodedRecord], pad_id: int,
                    damping: float, batch_size: int = 16) -> dict:
-    """Train only the named projections of a full-mode trainable model, each on its whitened gradient (see the
-    module's docstring), the second moments measured on `records` by the model as it starts. Returns what the
-    result reports: how many projections, on how many records."""
+    """Train only the named projections (Linear, or GPT-2's Conv1D; other kinds of module are left out) of a full-mode
+    trainable model, each on its whitened gradient (see the module's docstring), the second moments measured on
+    `records` by the model as it starts. Returns how many projections, on how many records."""
     if trainable.lora or trainable.sharded:
         raise EngineInputError("whiten_updates needs full fine-tuning on one device (lora false, not sharded)",
                                field="whiten_updates")
@@ -79,7 +79,11 @@ def whiten_updates(trainable: TrainableModel, module_names: list[str], records: 
                                field="whiten_updates")
     model = trainable.model
     named = dict(model.named_modules())
-    modules = {name: named[name] for name in module_names}
+    modules = {name: named[name] for name in module_names
+               if isinstance(named[name], torch.nn.Linear) or type(named[name]).__name__ == "Conv1D"}
+    if not modules:
+        raise EngineInputError("whiten_updates: none of the chosen modules is a linear projection",
+                               field="whiten_updates")
     moments = input_second_moments(model, modules, records, pad_id, batch_size)
     trainable.restrict_training(list(modules))
     for name, module in modules.items():

@@ -133,6 +133,8 @@ def test_whiten_updates_refuses_lora_and_a_run_without_retain_records():
         whiten_updates(trainable, [], records([5]), 0, 0.1)
     with pytest.raises(EngineInputError, match="retain records"):
         whiten_updates(TrainableModel(tiny("llama"), lora=False), [], [], 0, 0.1)
+    with pytest.raises(EngineInputError, match="linear projection"):  # an embedding has a 2-D weight, no inputs
+        whiten_updates(TrainableModel(tiny("llama"), lora=False), ["model.embed_tokens"], records([5]), 0, 0.1)
 
 
 @pytest.mark.slow
