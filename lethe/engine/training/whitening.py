@@ -79,8 +79,10 @@ def whiten_updates(trainable: TrainableModel, module_names: list[str], records: 
                                field="whiten_updates")
     model = trainable.model
     named = dict(model.named_modules())
+    # A method that trains a few modules only (RMU) keeps to them: a projection it froze stays frozen.
     modules = {name: named[name] for name in module_names
-               if isinstance(named[name], torch.nn.Linear) or type(named[name]).__name__ == "Conv1D"}
+               if (isinstance(named[name], torch.nn.Linear) or type(named[name]).__name__ == "Conv1D")
+               and named[name].weight.requires_grad}
     if not modules:
         raise EngineInputError("whiten_updates: none of the chosen modules is a linear projection",
                                field="whiten_updates")

@@ -137,6 +137,15 @@ def test_whiten_updates_refuses_lora_and_a_run_without_retain_records():
         whiten_updates(TrainableModel(tiny("llama"), lora=False), ["model.embed_tokens"], records([5]), 0, 0.1)
 
 
+def test_a_projection_the_method_froze_stays_frozen():
+    trainable = TrainableModel(tiny("llama"), lora=False)
+    trainable.restrict_training(["mlp.down_proj"])  # as RMU trains only the MLP output projections
+    names = [n for n, m in trainable.model.named_modules() if isinstance(m, torch.nn.Linear) and ".layers." in n]
+    assert whiten_updates(trainable, names, records([6, 7]), 0, 0.1)["projections"] == 2  # two layers' down_proj
+    trained = {n for n, p in trainable.model.named_parameters() if p.requires_grad}
+    assert trained and all(".mlp.down_proj." in n for n in trained), trained
+
+
 @pytest.mark.slow
 def test_a_whitened_run_moves_only_the_projections(fixture_model, forget_records, retain_records):
     params = MascParams.from_dict({"lora": False, "whiten_updates": True, "max_steps": 10, "lr": 1e-3})
