@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from transformers.pytorch_utils import Conv1D
 
 from lethe.engine.contract.errors import EngineInputError
 from lethe.engine.data.records import EncodedRecord, batches
@@ -81,14 +82,12 @@ def whiten_updates(trainable: TrainableModel, module_names: list[str], records: 
     named = dict(model.named_modules())
     # A method that trains a few modules only (RMU) keeps to them: a projection it froze stays frozen.
     modules = {name: named[name] for name in module_names
-               if (isinstance(named[name], torch.nn.Linear) or type(named[name]).__name__ == "Conv1D")
-               and named[name].weight.requires_grad}
+               if isinstance(named[name], (torch.nn.Linear, Conv1D)) and named[name].weight.requires_grad}
     if not modules:
         raise EngineInputError("whiten_updates: none of the chosen modules is a linear projection",
                                field="whiten_updates")
     moments = input_second_moments(model, modules, records, pad_id, batch_size)
     trainable.restrict_training(list(modules))
     for name, module in modules.items():
-        transposed = type(module).__name__ == "Conv1D"
-        module.weight.register_hook(_weight_hook(whitening(moments[name], damping), transposed))
+        module.weight.register_hook(_weight_hook(whitening(moments[name], damping), isinstance(module, Conv1D)))
     return {"projections": len(modules), "records": len(records), "damping": damping}
