@@ -63,7 +63,7 @@ class Workload:
     gradient_checkpointing: bool = False
     shards: int = 1  # FSDP processes: full mode's weights, gradients, moments and frozen copy split among them
     anchored: bool = False  # a fixed anchor version held for the retain term (issue 28): one more frozen copy
-    whitened: bool = False  # whiten_updates: a float32 [in, in] inverse per projection (training.whitening)
+    whitened: bool = False  # whiten_updates: a float32 [in, in] inverse per distinct input (training.whitening)
 
 
 @dataclass
@@ -97,8 +97,9 @@ def static_bytes(shape: ModelShape, work: Workload) -> dict[str, int]:
         return {"weights": shape.parameters * half, "adapters_and_optimiser": 16 * shape.adapter_parameters, **anchor}
     trained = shape.parameters if shape.trainable_parameters is None else shape.trainable_parameters
     n = work.shards
-    # Six projections of a block read the hidden state (q, k, v, o, gate, up) and one the intermediate (down).
-    whitening = {"input_whitening": 4 * shape.layers * (6 * shape.hidden ** 2 + shape.intermediate ** 2)} \
+    # A block's projections read three hidden-sized inputs (q, k and v one, o one, gate and up one; GPT-2's fused
+    # c_attn and c_fc the same) and one intermediate-sized (down); projections reading the same input share one.
+    whitening = {"input_whitening": 4 * shape.layers * (3 * shape.hidden ** 2 + shape.intermediate ** 2)} \
         if work.whitened else {}
     return {"weights": shape.parameters * 4 // n, "gradients_and_optimiser": 12 * trained // n,
             "frozen_copy": shape.parameters * half // n, **anchor, **whitening}

@@ -25,14 +25,24 @@ from lethe.engine.model.loading import TrainableModel
 @torch.no_grad()
 def input_second_moments(model: Any, modules: dict[str, torch.nn.Module], records: list[EncodedRecord], pad_id: int,
                          batch_size: int = 16) -> dict[str, torch.Tensor]:
-    """E[x x^T] (float32, [in, in]) of each module's input over the records' real (unpadded) tokens."""
+    """E[x x^T] (float32, [in, in]) of each module's input over the records' real (unpadded) tokens. Modules that
+    read the same input tensor (q, k and v; gate and up) share one moment: the same tensor object, summed once."""
     device = next(model.parameters()).device
     sums: dict[str, torch.Tensor] = {}
     counts = dict.fromkeys(modules, 0)
     real: list[torch.Tensor] = []  # the current batch's attention mask, read by the hooks
+    reads_as: dict[str, str] = {}  # a module -> the first module that read the same input (found on the first batch)
+    previous: list[Any] = [None, ""]  # the last input seen and its module, held so that `is` cannot match a new one
+    first = [True]
 
     def hook(name: str) -> Callable[[torch.nn.Module, tuple], None]:
         def record(_module: torch.nn.Module, inputs: tuple) -> None:
+            if first[0]:
+                if inputs[0] is previous[0] and previous[1] != name:
+                    reads_as[name] = reads_as.get(previous[1], previous[1])
+                previous[:] = [inputs[0], name]
+            if name in reads_as:
+                return
             x = inputs[0].detach().float().reshape(-1, inputs[0].shape[-1])[real[0].reshape(-1)]
             sums[name] = sums[name] + x.T @ x if name in sums else x.T @ x
             counts[name] += len(x)
@@ -44,10 +54,13 @@ def input_second_moments(model: Any, modules: dict[str, torch.nn.Module], record
             batch = batch.to(device)
             real[:] = [batch.attention_mask.bool()]
             model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False)
+            first[0] = False
+            previous[:] = [None, ""]
     finally:
         for handle in handles:
             handle.remove()
-    return {name: sums[name] / counts[name] for name in modules if counts[name]}
+    moments = {name: sums[name] / counts[name] for name in modules if counts[name]}
+    return {**moments, **{name: moments[leader] for name, leader in reads_as.items() if leader in moments}}
 
 
 def whitening(moment: torch.Tensor, damping: float) -> torch.Tensor:
@@ -88,6 +101,11 @@ def whiten_updates(trainable: TrainableModel, module_names: list[str], records: 
                                field="whiten_updates")
     moments = input_second_moments(model, modules, records, pad_id, batch_size)
     trainable.restrict_training(list(modules))
+    inverses: dict[int, torch.Tensor] = {}  # one per distinct input (q, k and v share theirs)
     for name, module in modules.items():
-        module.weight.register_hook(_weight_hook(whitening(moments[name], damping), isinstance(module, Conv1D)))
-    return {"projections": len(modules), "records": len(records), "damping": damping}
+        key = id(moments[name])
+        if key not in inverses:
+            inverses[key] = whitening(moments[name], damping)
+        inverse = inverses[key]
+        module.weight.register_hook(_weight_hook(inverse, isinstance(module, Conv1D)))
+    return {"projections": len(modules), "inputs": len(inverses), "records": len(records), "damping": damping}

@@ -92,8 +92,9 @@ def test_static_parts_brute_force():
     assert full.peak_bytes == 20000 + max(full.parts["training_step"], full.parts["measurement"])
     assert lower_bound(shape, Workload("bfloat16", True, 4, 8, 10)).peak_bytes == 2000
     whitened = estimate(shape, Workload("float32", False, 4, 8, 10, whitened=True))
-    # Per block six [8, 8] inverses and one [32, 32], float32, two blocks.
-    assert whitened.parts["input_whitening"] == 2 * (6 * 64 + 32 * 32) * 4
+    # Per block three [8, 8] inverses (the attention's input, its output, the MLP's input) and one [32, 32], float32,
+    # two blocks.
+    assert whitened.parts["input_whitening"] == 2 * (3 * 64 + 32 * 32) * 4
     assert whitened.peak_bytes - full.peak_bytes == whitened.parts["input_whitening"]
     plain = estimate(shape, Workload("float32", True, 4, 8, 10))
     ckpt = estimate(shape, Workload("float32", True, 4, 8, 10, gradient_checkpointing=True))

@@ -15,7 +15,7 @@ from lethe.engine.model.loading import TrainableModel, load_model, lora_modules
 from lethe.engine.training.whitening import _weight_hook, input_second_moments, whiten_updates, whitening
 from lethe.engine.unlearn import run_unlearning
 
-VOCAB = 64
+VOCAB = 80  # no tiny model's projection size (32, 64, 96): lora_targets would take that one for a vocabulary
 
 
 def records(lengths: list[int], seed: int = 0) -> list[EncodedRecord]:
@@ -70,6 +70,23 @@ def test_second_moments_are_over_real_tokens_only(family):
         assert torch.allclose(got[n].double(), x.T @ x / len(x), rtol=1e-4, atol=1e-6), n
 
 
+def test_projections_reading_the_same_input_share_one_moment():
+    model = tiny("llama")
+    names = lora_modules(model, "auto")
+    assert len(names) == 14  # seven projections in each of two blocks: the MLP's are not taken for a vocabulary
+    named = dict(model.named_modules())
+    got = input_second_moments(model, {n: named[n] for n in names}, records([9, 4, 7]), pad_id=0, batch_size=2)
+
+    def moment(layer: int, leaf: str) -> torch.Tensor:
+        return got[next(n for n in names if f".{layer}." in n and n.endswith(leaf))]
+
+    for i in (0, 1):
+        assert moment(i, "q_proj") is moment(i, "k_proj") is moment(i, "v_proj")
+        assert moment(i, "gate_proj") is moment(i, "up_proj")
+        assert len({id(moment(i, leaf)) for leaf in ("q_proj", "o_proj", "gate_proj", "down_proj")}) == 4
+        assert not torch.allclose(moment(i, "q_proj"), moment(i, "gate_proj"))  # attention's input is not the MLP's
+
+
 @pytest.mark.parametrize("family", ["llama", "gpt2"])
 def test_each_projection_trains_on_its_whitened_gradient_and_nothing_else_trains(family):
     model = tiny(family)
@@ -78,7 +95,8 @@ def test_each_projection_trains_on_its_whitened_gradient_and_nothing_else_trains
     names = lora_modules(model, "auto")
     retain = records([8, 6, 10, 7], seed=2)
     report = whiten_updates(trainable, names, retain, pad_id=0, damping=0.1)
-    assert report == {"projections": len(names), "records": 4, "damping": 0.1}
+    # Four distinct inputs a block: llama's q, k, v share one, gate and up one; GPT-2 fuses them.
+    assert report == {"projections": len(names), "inputs": 8, "records": 4, "damping": 0.1}
     named = dict(trainable.model.named_modules())
     moments = input_second_moments(plain, {n: dict(plain.named_modules())[n] for n in names}, retain, 0)
     batch = collate(records([9, 5], seed=3), 0)
