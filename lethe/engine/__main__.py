@@ -29,7 +29,7 @@ def flag_help(name: str) -> str:
 
 
 # Every parameter of every method is a flag; params_for refuses those the chosen method lacks.
-PARAM_NAMES = list(dict.fromkeys(f.name for m in METHODS.values() for f in user_fields(m.params) if f.name != "lora"))
+PARAM_NAMES = list(dict.fromkeys(f.name for m in METHODS.values() for f in user_fields(m.params)))
 
 
 FORMAT_HELP = ("\"plain\": prompt + completion as one string; \"chat\": rendered with the tokenizer's chat template "
@@ -74,7 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
                          help="; ".join(f"{m.name}: {m.summary}" for m in METHODS.values()) + " [default: masc]")
     unlearn.add_argument("--device", default="auto")
     unlearn.add_argument("--format", default="plain", help=FORMAT_HELP)
-    unlearn.add_argument("--full", action="store_true", help="full fine-tuning with a frozen copy instead of LoRA")
+    unlearn.add_argument("--full", action="store_true", help="full fine-tuning with a frozen copy: --lora false")
     unlearn.add_argument("--no-progress", action="store_true")
     for name in PARAM_NAMES:
         unlearn.add_argument("--" + name.replace("_", "-"), dest=name, default=None, metavar="V",

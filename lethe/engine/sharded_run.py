@@ -61,7 +61,7 @@ def run_sharded(source: str, forget: list[dict], retain: list[dict] | None, *, p
     `workdir`/model. `memory_limit` is per process (one device each)."""
     from lethe.engine.contract.errors import EngineInputError
 
-    if params.lora:
+    if params.lora is not False:
         raise EngineInputError("FSDP shards full fine-tuning; LoRA jobs shard with a device map", field="lora")
     context = mp.get_context("spawn")
     messages, cancelled = context.Queue(), context.Event()

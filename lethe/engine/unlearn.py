@@ -58,6 +58,7 @@ def unlearn(model_source: str, inputs: RunInputs, *, params: SharedParams | None
     objective_class = method.objective_class()
     run = prepare(model_source, inputs, params, device, memory_limit=memory_limit, objective=objective_class,
                   anchor=anchor)
+    params = run.params  # lora decided ("auto": whitened full fine-tuning where it fits, else LoRA)
     stop = stop_policy(method, run, params)
     trainable = build_trainable_model(run.model, params, objective_class, run.precision)
     trainable.anchor = run.anchor

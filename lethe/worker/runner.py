@@ -159,7 +159,7 @@ def _unlearn(work: Work, source: str, settings: Settings, progress, keeper: Leas
     params = work.spec.params
     assert params is not None
     gpus = torch.cuda.device_count() if resolve_device(settings.device).type == "cuda" else 0
-    if not params.lora and gpus > 1:
+    if params.lora is False and gpus > 1:  # "auto" runs in one process (update_space)
         document = run_sharded(source, work.forget, work.retain, params=params, processes=gpus, workdir=tmp / "sharded",
                              holdout=work.holdout, device="cuda", progress=progress, should_cancel=keeper.should_stop,
                              format=work.spec.format, memory_limit=settings.device_memory_bytes or None)

@@ -120,8 +120,8 @@ class SharedParams:
     method: str = internal("", "the method these parameters are for (set by the registry)")
     batch_size: int = param(4, "forget records per optimiser step (micro-batch with the baselines)", ge=1, le=4096)
     grad_clip: float = param(1.0, "gradient-norm clip", ge=0, note="0: no clipping")
-    lora: bool = param(True, "train LoRA adapters (theta_0 = adapters off, no second copy); false: full fine-tuning "
-                             "with a frozen copy")
+    lora: bool | str = param(True, "train LoRA adapters (theta_0 = adapters off, no second copy); false: full "
+                                   "fine-tuning with a frozen copy", choices=(True, False))
     lora_r: int = param(16, "rank of the LoRA adapters", ge=1, le=4096)
     lora_alpha: int = param(32, "LoRA scaling numerator (scale = lora_alpha / lora_r)", gt=0)
     lora_dropout: float = param(0.0, "dropout on the LoRA path", ge=0, lt=1)
@@ -165,8 +165,15 @@ class SharedParams:
         """The rules that tie several fields together (the class's own; none here but lora_targets')."""
         self.need(self.lora_targets == "auto" or (len(self.lora_targets) > 0 and "auto" not in self.lora_targets),
                   "lora_targets", "must be \"auto\" or name at least one module")
-        self.need(not self.whiten_updates or not self.lora, "whiten_updates",
+        self.need(not self.whiten_updates or self.lora is not True, "whiten_updates",
                   "needs lora false: it shapes full fine-tuning's updates of the projections")
+
+    @property
+    def adapters(self) -> bool:
+        """lora once decided: "auto" is settled where the model and the device are known (training.update_space)."""
+        if not isinstance(self.lora, bool):
+            raise ValueError(f"lora is still {self.lora!r}: decide it first (training.update_space)")
+        return self.lora
 
     def margin(self) -> dict[str, float]:
         """The restricted margin (k, rho, eta, beta) that measures V for a run with these parameters."""

@@ -34,7 +34,7 @@ class BaselineParams(SharedParams):
 
     def resolved(self) -> BaselineParams:
         """lr 0: the field's default for the parameter space, 1e-4 with LoRA, 1e-5 in full."""
-        return dataclasses.replace(self, lr=self.lr or (1e-4 if self.lora else 1e-5))
+        return dataclasses.replace(self, lr=self.lr or (1e-4 if self.adapters else 1e-5))
 
     def check(self) -> None:
         super().check()

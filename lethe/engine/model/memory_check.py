@@ -54,7 +54,7 @@ def model_shape(config, params: SharedParams, objective: type | None = None) -> 
     targets = params.lora_targets if chooser is None else chooser(model, params)
     adapters, trainable = 0, None
     modules = dict(model.named_modules())
-    if params.lora:
+    if params.adapters:
         for name in lora_modules(model, targets):
             weight = modules[name].weight
             adapters += params.lora_r * (weight.shape[0] + weight.shape[1])
@@ -74,7 +74,7 @@ def plan_run(config, params: SharedParams, precision: Precision, forget: list[En
         forget_rows, longest = 2 * params.batch_size, longest + ANSWER_SLACK
     from lethe.engine.model import sharding
 
-    shards = torch.distributed.get_world_size() if sharding.active() and not params.lora else 1
+    shards = torch.distributed.get_world_size() if sharding.active() and not params.adapters else 1
     work = Workload(dtype=precision.name, lora=precision.lora, train_rows=forget_rows + retain_rows,
                     eval_rows=params.eval_batch_size, max_tokens=longest,
                     gradient_checkpointing=params.gradient_checkpointing, shards=shards, anchored=anchored,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
@@ -25,6 +25,9 @@ from lethe.engine.model.loading import (
 from lethe.engine.model.memory_check import DoesNotFit, device_capacity, plan_run
 from lethe.engine.model.precision import Precision, resolve_precision, stored_dtype
 from lethe.engine.training.runtime import PeakMemory, seed_everything
+from lethe.engine.training.update_space import decide_update_space
+
+P = TypeVar("P", bound=SharedParams)
 
 ENGINE_VERSION = "2"
 
@@ -43,19 +46,20 @@ class Prepared:
     precision: Precision
     saved_dtype: torch.dtype  # the checkpoint's own dtype, which the unlearned one keeps
     memory_plan: MemoryPlan
+    params: Any  # the run's parameters with lora decided (update_space): what every later step reads
     anchor: Any = None  # the retain term's fixed reference, loaded frozen (None: pi_0)
 
 
-def prepare(model_source: str, inputs: RunInputs, params: SharedParams, device: str | None, *,
+def prepare(model_source: str, inputs: RunInputs, params: P, device: str | None, *,
             memory_limit: int | None = None, objective: type | None = None, anchor: str | None = None) -> Prepared:
-    """Seeds, the device, the records as the model sees them and their tokens, the memory plan, the model (and the
-    anchor, a version of the same lineage the retain term keeps the model close to). A run whose planned peak
-    exceeds `memory_limit` (bytes; None: what the device holds) raises DoesNotFit before the weights are loaded."""
+    """Seeds, the device, the records as the model sees them and their tokens, lora "auto" decided (Prepared.params),
+    the memory plan, the model (and the anchor, a version of the same lineage the retain term keeps the model close
+    to). A run whose planned peak exceeds `memory_limit` (bytes; None: what the device holds) raises DoesNotFit
+    before the weights are loaded."""
     seed_everything(params.seed)
     dev = resolve_device(device)
     memory = PeakMemory(dev)
     started = time.perf_counter()
-    precision = resolve_precision(params.dtype, dev, lora=params.lora)
     config = load_config(model_source)
     saved_dtype = stored_dtype(config)  # read before loading: loading in another dtype rewrites the config
     tokenizer = load_tokenizer(model_source)
@@ -72,12 +76,19 @@ def prepare(model_source: str, inputs: RunInputs, params: SharedParams, device: 
     if len(vocabularies) > 1:
         raise EngineInputError("anchor: its vocabulary is not the model's (an anchor is a version of the same "
                                "lineage)", field="anchor")
-    plan = plan_run(config, params, precision, encoded_forget, encoded_retain, capacity, objective, anchored)
+
+    def plan_for(chosen: P) -> MemoryPlan:
+        precision = resolve_precision(chosen.dtype, dev, lora=chosen.adapters)
+        return plan_run(config, chosen, precision, encoded_forget, encoded_retain, capacity, objective, anchored)
+
+    params = decide_update_space(params, plan_for, has_retain=bool(encoded_retain), sharded=sharding.active())
+    precision = resolve_precision(params.dtype, dev, lora=params.adapters)
+    plan = plan_for(params)
     device_map = spread_over_gpus(config, plan, precision) if not plan.fits and memory_limit is None else None
     if not plan.fits:
         raise DoesNotFit(plan)
     # Sharded, each process loads on the host and FSDP moves its shard to the device.
-    model = load_weights(model_source, torch.device("cpu") if sharding.active() and not params.lora else dev,
+    model = load_weights(model_source, torch.device("cpu") if sharding.active() and not params.adapters else dev,
                          precision.load_dtype, device_map)
     if device_map:
         dev = model.get_input_embeddings().weight.device  # batches start where the embeddings are
@@ -86,7 +97,7 @@ def prepare(model_source: str, inputs: RunInputs, params: SharedParams, device: 
         anchor_model = load_weights(anchor, dev, precision.reference_dtype if precision.half
                                     else precision.load_dtype).requires_grad_(False)
     return Prepared(dev, memory, started, model, tokenizer, encoded_forget, encoded_retain, holdout, max_length,
-                    precision, saved_dtype, plan, anchor_model)
+                    precision, saved_dtype, plan, params, anchor_model)
 
 
 def spread_over_gpus(config: Any, plan: MemoryPlan, precision: Precision) -> dict | None:
@@ -114,7 +125,7 @@ def build_trainable_model(model: Any, params: SharedParams, objective: type,
     chooser = getattr(objective, "trainable_modules", None)
     targets = params.lora_targets if chooser is None else chooser(model, params)
     reference_dtype = precision.reference_dtype if precision is not None and precision.half else None
-    if params.lora:
+    if params.adapters:
         trainable = TrainableModel(model, lora=True, r=params.lora_r, alpha=params.lora_alpha,
                                    dropout=params.lora_dropout, targets=targets)
     else:

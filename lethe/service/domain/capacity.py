@@ -68,15 +68,16 @@ def route(session: Session, spec: JobSpec, version: ModelVersion, store: Artifac
     plans = []
     for device in sorted(devices, key=lambda d: d.capacity_bytes):
         dtype = device.auto_dtype if params.dtype == "auto" else params.dtype
-        plan = lower_bound(shape, Workload(dtype=dtype, lora=params.lora, train_rows=0, eval_rows=0, max_tokens=0),
-                           device.capacity_bytes)
+        # lora "auto" falls back to LoRA where full fine-tuning does not fit: LoRA's bound is the one that refuses.
+        work = Workload(dtype=dtype, lora=params.lora is not False, train_rows=0, eval_rows=0, max_tokens=0)
+        plan = lower_bound(shape, work, device.capacity_bytes)
         if plan.fits:
             return device.queue
         plans.append((device, plan))
     device, plan = plans[-1]  # the largest device
     gib = plan.peak_bytes / 2**30
     tries = [t for t, useful in (('dtype "bfloat16"', params.dtype in ("auto", "float32")),
-                                 ("LoRA", not params.lora)) if useful]
+                                 ("LoRA", params.lora is False)) if useful]
     raise Problem(422, "does-not-fit", "Job does not fit",
                   f"the model's {parameters:,} parameters alone need {gib:.2f} GiB "
                   f"({', '.join(f'{k} {v / 2**30:.2f} GiB' for k, v in plan.parts.items())}) before any activation; "

@@ -128,6 +128,12 @@ class MascParams(SharedParams):
                             ge=1, le=1_000_000)
     max_steps: int = param(2000, "a safety cap only: the rule decides the length (a run that hits it is flagged)",
                            ge=1, le=1_000_000)
+    # Issue 28: whitened full fine-tuning wore a quarter of LoRA's margin per unit of erasure on the facts no retain
+    # term holds (BENCHMARKS.md, "Whitened updates"); "auto" takes it where it fits, LoRA where it does not.
+    lora: bool | str = param(True, "train LoRA adapters (theta_0 = adapters off, no second copy); false: full "
+                                   "fine-tuning with a frozen copy; \"auto\": full fine-tuning with whitened updates "
+                                   "(whiten_updates) where the run has retain records, runs in one process and its "
+                                   "memory plan fits the device, else LoRA", choices=(True, False, "auto"))
     # Optimisation: a constant lr, since the stop rule, not a schedule, decides the length.
     lr: float = param(1e-4, "AdamW learning rate (constant: the rule decides the length)", gt=0, le=1)
 
