@@ -118,7 +118,7 @@ def measured_run(source, forget, retain, method, values):
 FORCED = {"rho": 1e-12, "alpha": 0.01, "record_ceiling": 0.01, "max_steps": 3, "check_every": 1,
           "content_max_probability": 1e-12}
 MODES = [{}, {"dtype": "bfloat16"}, {"lora": False}, {"lora": False, "dtype": "bfloat16"},
-         {"gradient_checkpointing": True}]
+         {"gradient_checkpointing": True}, {"lora": False, "whiten_updates": True}]
 
 
 # Every mode on gpt2 and llama (Conv1D and Linear projections, grouped-query attention); gpt_neox (fused QKV) in the
