@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 import torch
 
@@ -25,9 +25,7 @@ from lethe.engine.model.loading import (
 from lethe.engine.model.memory_check import DoesNotFit, device_capacity, plan_run
 from lethe.engine.model.precision import Precision, resolve_precision, stored_dtype
 from lethe.engine.training.runtime import PeakMemory, seed_everything
-from lethe.engine.training.update_space import decide_update_space
-
-P = TypeVar("P", bound=SharedParams)
+from lethe.engine.training.update_space import P, decide_update_space
 
 ENGINE_VERSION = "2"
 
@@ -77,9 +75,15 @@ def prepare(model_source: str, inputs: RunInputs, params: P, device: str | None,
         raise EngineInputError("anchor: its vocabulary is not the model's (an anchor is a version of the same "
                                "lineage)", field="anchor")
 
+    plans: dict[tuple, MemoryPlan] = {}  # by parameter space: "auto"'s choice is not planned twice
+
     def plan_for(chosen: P) -> MemoryPlan:
-        precision = resolve_precision(chosen.dtype, dev, lora=chosen.adapters)
-        return plan_run(config, chosen, precision, encoded_forget, encoded_retain, capacity, objective, anchored)
+        key = (chosen.lora, chosen.whiten_updates)
+        if key not in plans:
+            precision = resolve_precision(chosen.dtype, dev, lora=chosen.adapters)
+            plans[key] = plan_run(config, chosen, precision, encoded_forget, encoded_retain, capacity, objective,
+                                  anchored)
+        return plans[key]
 
     params = decide_update_space(params, plan_for, has_retain=bool(encoded_retain), sharded=sharding.active())
     precision = resolve_precision(params.dtype, dev, lora=params.adapters)
