@@ -172,6 +172,15 @@ def test_presets_carry_the_published_defaults_and_explicit_values_win():
     assert MascParams.from_dict({"lambda_keep": 0.5}).resolved().keep_weight == 0.5
     with pytest.raises(EngineInputError, match="lambda_keep"):  # no term that silently does nothing
         MascParams.from_dict({"lambda_keep": 1.0, "retain_loss": "nll"})
+    # The whole-logit term (issue 28) follows lambda_keep: 8 with content and the KL, off as published or with NLL.
+    assert defaults.lambda_logits == "auto" and defaults.resolved().logits_weight == 8.0
+    assert whole.resolved().logits_weight == 0.0
+    assert all(MascParams.from_dict({}, preset=p).resolved().logits_weight == 0.0
+               for p in ("qwen2.5-scaling", "tofu-llama2", "muse-news"))
+    assert MascParams.from_dict({"retain_loss": "nll"}).resolved().logits_weight == 0.0
+    assert MascParams.from_dict({"lambda_logits": 2}).resolved().logits_weight == 2.0
+    with pytest.raises(EngineInputError, match="lambda_logits"):
+        MascParams.from_dict({"lambda_logits": 1.0, "retain_loss": "nll"})
     assert MascParams.from_dict({"seed": 2 ** 31 - 1}).seed == 2 ** 31 - 1  # a common seed stays allowed
     # Hoeffding's bound only over held-out records: in train mode D_val is the trained records (issue 25).
     with pytest.raises(EngineInputError, match="hoeffding.*val_mode"):

@@ -43,7 +43,13 @@ def test_the_retain_term_measures_against_the_anchor(fixture_model, drifted, ret
         trainable.anchor = anchor
         z_anchor, _, _ = M.active_positions(
             anchor(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits, batch.labels)
-        expected = M.masked_kl(z_anchor, z) + params.keep_weight * M.kept_argmax_hinge(z, z_anchor, y, params.keep_gap)
+        # The reference: the anchor's logit for each retain token, the lower of the anchor's and the start's (pi_0's,
+        # here the policy's own) for every other token.
+        reference = M.lineage_reference(z_anchor, z, y)
+        assert not torch.allclose(reference, M.centred(z_anchor))  # the start's lower logits do count
+        expected = M.masked_kl(reference, z) \
+            + params.keep_weight * M.kept_argmax_hinge(z, reference, y, params.keep_gap) \
+            + params.logits_weight * M.centred_logit_drift(z, reference)
         measured = objective._retain_term(logits, batch.labels, batch)
     assert measured.item() > 1e-4 and measured.item() == pytest.approx(expected.item(), rel=1e-5)
 

@@ -162,6 +162,40 @@ def kept_argmax_hinge(logits: torch.Tensor, ref_logits: torch.Tensor, targets: t
     return F.relu(wanted - argmax_gap(logits, targets)).mean()
 
 
+def centred_logit_drift(logits: torch.Tensor, ref_logits: torch.Tensor) -> torch.Tensor:
+    """sum_t ||c(z_t) - c(z0_t)||^2 / sum_t ||c(z0_t)||^2 over active rows [N, V], c(z) = z minus its mean over the
+    vocabulary: how far the logits moved, relative to theta_0's own spread. Zero at theta_0; a constant added to a
+    row (which leaves its distribution as it is) moves nothing; scale-free across models. KL(pi_0 || pi_theta)
+    weighs each token by pi_0, so on a memorised answer it hardly sees the logits below the argmax, and their drift is
+    what brings the next-best token up to the gold (issue 28). Columns where z0 is -inf (denied) are left out."""
+    z0, z = ref_logits.detach().float(), logits.float()
+    kept = torch.isfinite(z0)
+    if kept.all():  # the usual case, with fewer [N, V] copies
+        c0 = z0 - z0.mean(-1, keepdim=True)
+        return (z - z.mean(-1, keepdim=True) - c0).pow(2).sum() / c0.pow(2).sum().clamp(min=1e-12)
+    z0, z = z0.masked_fill(~kept, 0.0), z.masked_fill(~kept, 0.0)
+    width = kept.sum(-1, keepdim=True).clamp(min=1)
+    c0 = (z0 - z0.sum(-1, keepdim=True) / width).masked_fill(~kept, 0.0)
+    c = (z - z.sum(-1, keepdim=True) / width).masked_fill(~kept, 0.0)
+    return (c - c0).pow(2).sum() / c0.pow(2).sum().clamp(min=1e-12)
+
+
+def centred(logits: torch.Tensor) -> torch.Tensor:
+    """Float32 rows minus their mean over the finite entries (a -inf, a denied token, stays -inf)."""
+    z = logits.detach().float()
+    kept = torch.isfinite(z)
+    return z - torch.where(kept, z, torch.zeros_like(z)).sum(-1, keepdim=True) / kept.sum(-1, keepdim=True).clamp(min=1)
+
+
+def lineage_reference(anchor_logits: torch.Tensor, start_logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """The retain term's reference on active rows [N, V] when a run starts from a later version of the anchor's
+    lineage (issue 28): the anchor's centred logit for each row's target, the lower of the anchor's and the start's
+    for every other token. The retain records are pulled back to what the anchor said of them, and no other token is
+    pulled above where the start has it: the anchor still knows what earlier runs of the lineage erased."""
+    anchor, start = centred(anchor_logits), centred(start_logits)
+    return torch.minimum(anchor, start).scatter(1, targets[:, None], anchor.gather(1, targets[:, None]))
+
+
 def target_divergence(logits: torch.Tensor, target_ids: torch.Tensor, target_probs: torch.Tensor) -> torch.Tensor:
     """Token-mean KL(q_t || pi_theta) for sparse targets ([N, K] ids and probabilities, each row summing to 1):
     sum_k q_k (log q_k - log pi_theta(v_k | c_t)); tokens outside a row's ids have q = 0 and add nothing."""

@@ -168,10 +168,15 @@ class Masc:
         if self.params.retain_loss == "kl":
             # Right padding only, so retain's own batch yields the same active rows in the same order.
             z0, _, _ = M.active_positions(self.trainable.anchor_logits(retain), retain.labels)
-            kl = M.masked_kl(z0, z)
+            if self.trainable.anchor is not None:
+                start, _, _ = M.active_positions(self.trainable.reference_logits(retain), retain.labels)
+                z0 = M.lineage_reference(z0, start, y)
+            term = M.masked_kl(z0, z)
             if self.params.keep_weight > 0:
-                return kl + self.params.keep_weight * M.kept_argmax_hinge(z, z0, y, self.params.keep_gap)
-            return kl
+                term = term + self.params.keep_weight * M.kept_argmax_hinge(z, z0, y, self.params.keep_gap)
+            if self.params.logits_weight > 0:
+                term = term + self.params.logits_weight * M.centred_logit_drift(z, z0)
+            return term
         return M.token_nll(z, y)
 
     def _retain_only(self, retain: Batch):

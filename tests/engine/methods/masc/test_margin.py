@@ -148,3 +148,53 @@ def test_kept_argmax_hinge_against_a_loop_over_tokens():
     M.kept_argmax_hinge(z, z0, y, gap).backward()
     moved = {i for i in range(9) if z.grad[i].abs().sum() > 0}
     assert moved == {i for i in range(9) if expected[i] > 0}
+
+
+def brute_drift(z, z0):
+    moved = spread = 0.0
+    for i in range(len(z)):
+        kept = [v for v in range(z.shape[1]) if math.isfinite(z0[i, v].item())]
+        mean, mean0 = (sum(z[i, v].item() for v in kept) / len(kept), sum(z0[i, v].item() for v in kept) / len(kept))
+        moved += sum(((z[i, v].item() - mean) - (z0[i, v].item() - mean0)) ** 2 for v in kept)
+        spread += sum((z0[i, v].item() - mean0) ** 2 for v in kept)
+    return moved / spread
+
+
+@pytest.mark.parametrize("denied", [False, True])
+def test_centred_logit_drift_against_a_loop_over_tokens(denied):
+    torch.manual_seed(4)
+    z, z0 = torch.randn(7, 11) * 3, torch.randn(7, 11) * 3
+    if denied:
+        z0[2, 5] = float("-inf")  # a token theta_0 denies: left out of that row, its mean and the spread
+    assert M.centred_logit_drift(z, z0).item() == pytest.approx(brute_drift(z, z0), rel=1e-5)
+    # theta_0 itself, or theta_0 plus a constant per row (the same distributions), pays nothing ...
+    assert M.centred_logit_drift(z0, z0).item() == 0.0
+    assert M.centred_logit_drift(z0 + torch.randn(7, 1) * 5, z0).item() == pytest.approx(0.0, abs=1e-10)
+    # ... and the term is scale-free: both sides scaled alike give the same value.
+    assert M.centred_logit_drift(10 * z, 10 * z0).item() == pytest.approx(M.centred_logit_drift(z, z0).item(), rel=1e-5)
+    # The gradient moves the logits towards theta_0's (never a denied token's).
+    z.requires_grad_(True)
+    M.centred_logit_drift(z, z0).backward()
+    assert (z.grad[2, 5] == 0) == denied
+    step = z.detach() - 0.1 * z.grad
+    assert M.centred_logit_drift(step, z0) < M.centred_logit_drift(z.detach(), z0)
+
+
+def test_lineage_reference_against_a_loop_over_tokens():
+    """The anchor's centred logit for the target, the lower of the anchor's and the start's for every other token."""
+    torch.manual_seed(5)
+    anchor, start = torch.randn(6, 9) * 3 + 4, torch.randn(6, 9) * 3 - 1
+    anchor[1, 3] = float("-inf")  # denied by the anchor: stays denied
+    y = torch.randint(0, 9, (6,))
+    y[1] = 4
+    reference = M.lineage_reference(anchor, start, y)
+    for i in range(6):
+        finite = [v for v in range(9) if math.isfinite(anchor[i, v].item())]
+        mean_a = sum(anchor[i, v].item() for v in finite) / len(finite)
+        mean_s = sum(start[i, v].item() for v in range(9)) / 9
+        for v in range(9):
+            a, s = anchor[i, v].item() - mean_a, start[i, v].item() - mean_s
+            expected = a if v == y[i] else min(a, s)
+            assert reference[i, v].item() == pytest.approx(expected, rel=1e-5, abs=1e-5)
+    # A start equal to the anchor (a run from the anchor's own version) gives the anchor back, centred.
+    assert torch.allclose(M.lineage_reference(start, start, y), start - start.mean(-1, keepdim=True), atol=1e-6)

@@ -219,7 +219,8 @@ def test_content_masc_loss_by_loop():
 
 
 def test_the_retain_term_keeps_argmax_gaps_by_loop():
-    """lambda_keep: the retain KL plus lambda_keep * mean relu(min(keep_gap, g_0) - g) over retain tokens."""
+    """lambda_keep: the retain KL plus lambda_keep * mean relu(min(keep_gap, g_0) - g) over retain tokens; and
+    lambda_logits times the centred logits' relative drift."""
     from lethe.engine.data.records import Batch
     from lethe.engine.methods.masc.objective import Masc
     from lethe.engine.methods.masc.params import MascParams
@@ -228,9 +229,9 @@ def test_the_retain_term_keeps_argmax_gaps_by_loop():
     z, z0 = torch.randn(1, 5, 8, generator=g) * 2, torch.randn(1, 5, 8, generator=g) * 2
     labels = torch.tensor([[IGNORE, 2, 7, 1, 4]])
     batch = Batch(torch.zeros(1, 5, dtype=torch.long), torch.ones(1, 5), labels)
-    plain_params = MascParams.from_dict({"lambda_keep": 0})
+    plain_params = MascParams.from_dict({"lambda_keep": 0, "lambda_logits": 0})
     plain = Masc(plain_params.resolved(), FixedTrainable(z, z0), pad_id=0).loss(None, batch)[1]["retain"]
-    params = MascParams.from_dict({"lambda_keep": 0.7, "keep_gap": 1.0})
+    params = MascParams.from_dict({"lambda_keep": 0.7, "keep_gap": 1.0, "lambda_logits": 0})
     kept = Masc(params.resolved(), FixedTrainable(z, z0), pad_id=0).loss(None, batch)[1]["retain"]
     hinges = []
     for t in range(1, 5):
@@ -239,6 +240,16 @@ def test_the_retain_term_keeps_argmax_gaps_by_loop():
         hinges.append(max(0.0, min(1.0, gap(z0[0, t - 1])) - gap(z[0, t - 1])))
     assert sum(hinges) > 0
     assert kept == pytest.approx(plain + 0.7 * sum(hinges) / 4, rel=1e-5)
+    # lambda_logits adds the centred logits' squared drift over their spread at theta_0, summed over the same tokens.
+    drifted = Masc(MascParams.from_dict({"lambda_keep": 0, "lambda_logits": 0.5}).resolved(), FixedTrainable(z, z0),
+                   pad_id=0).loss(None, batch)[1]["retain"]
+    centre = lambda row: [value - sum(row) / len(row) for value in row]  # noqa: E731
+    moved = spread = 0.0
+    for t in range(1, 5):
+        c, c0 = centre(z[0, t - 1].tolist()), centre(z0[0, t - 1].tolist())
+        moved += sum((a - b) ** 2 for a, b in zip(c, c0))
+        spread += sum(b ** 2 for b in c0)
+    assert drifted == pytest.approx(plain + 0.5 * moved / spread, rel=1e-5)
 
 
 def test_answers_run_past_the_target_length_up_to_max_new_tokens(fixture_model):
