@@ -157,6 +157,8 @@ def test_answer_perplexity_is_exp_of_the_mean_answer_nll(fixture_model):
 class FixedTrainable:
     """Logits given in advance: the policy's and pi_0's."""
 
+    anchor = None  # a run from the lineage's anchor itself: the reference is pi_0
+
     def __init__(self, z, z0):
         self.z, self.z0 = z, z0
 
