@@ -73,7 +73,10 @@ def test_a_gpt2_model_built_by_the_cli_is_unlearned_with_no_flags(forget_records
     assert done.returncode == 0, done.stderr
     result = json.loads((tmp_path / "out" / "result.json").read_text())
     assert result["stop_reason"] == "alpha" and result["erasure"]["failing_ids"] == []
-    assert set(result["lora"]["modules"]) == {"c_attn", "c_proj", "c_fc"}
+    # with retain records and room, no flags means whitened full fine-tuning of every projection (lora "auto")
+    assert result["params"]["lora"] is False and result["params"]["whiten_updates"] is True
+    assert result["lora"]["mode"] == "full"
+    assert set(result["lora"]["whitened"]["modules"]) == {"c_attn", "c_proj", "c_fc"}
     bad = run_cli("fixture", "--records", str(records), "--out", str(tmp_path / "fx2"), "--arch", "gpt-17")
     assert bad.returncode == 2 and "arch 'gpt-17'" in bad.stderr and not (tmp_path / "fx2").exists()
     # --base fine-tunes a model (here the one just built, which needs no epoch more) and keeps its kind

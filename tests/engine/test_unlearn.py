@@ -62,9 +62,11 @@ def test_defaults_erase_every_record_and_keep_the_rest(fixture_model, unlearned,
     assert content["by_gain"] >= 5 and content["by_gain"] + content["none"] == 10
     assert set(content["replayed_ids"]) == {f["id"] for f in forget_records}  # every record's own answers
     assert r["params"]["lambda_retain"] == 3.0 and r["params"]["suppress"] == "content"
-    # LoRA found the architecture's projections on its own.
-    assert r["params"]["lora_targets"] == "auto"
-    assert set(r["lora"]["modules"]) == {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
+    # With retain records and room, the default trains the whole model with whitened updates (lora "auto"), on the
+    # architecture's projections found on its own.
+    assert (r["params"]["lora"], r["params"]["whiten_updates"], r["params"]["lora_targets"]) == (False, True, "auto")
+    assert set(r["lora"]["whitened"]["modules"]) == {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
+                                                     "down_proj"}
 
 
 def test_auto_alpha_is_theta0_violation_on_the_records_counterfactuals(fixture_model, unlearned, forget_records):
@@ -179,7 +181,8 @@ def test_at_max_steps_the_answer_flags_are_fresh_and_decide(fixture_model, forge
     facts = {r["completion"].rstrip(".").split()[-1] for r in forget_records} - {"home"}
     kept = [r for r in retain_records if not set(r["completion"].rstrip(".").split()) & facts]
     outcome = run_unlearning(str(fixture_model), forget_records, kept,
-                             params=MascParams.from_dict({"max_steps": 6, "replay_every": 3, "lr": 1e-3}))
+                             params=MascParams.from_dict({"max_steps": 6, "replay_every": 3, "lr": 1e-3,
+                                                          "lora": True}))
     r = outcome.result.as_dict()
     assert r["stop_reason"] == "max_steps" and r["secrets"]["located"] > 0
     # The mean the rule judged: over the records without located content.

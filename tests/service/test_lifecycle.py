@@ -221,7 +221,8 @@ def test_a_baseline_runs_its_budget_through_the_service(client, worker, register
 
 def test_a_gpt2_model_is_unlearned_with_no_parameters(client, worker, forget_records, retain_records, tmp_path):
     """Any architecture through the API: a GPT-2 model (Conv1D projections) registered and a job with no
-    parameters; LoRA finds its projections, and the report names what was adapted."""
+    parameters; the default (lora "auto": whitened full fine-tuning, as the model has retain records) finds its
+    projections, and the report names what was trained."""
     tokenizer = train_tokenizer(forget_records + retain_records, 300)
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(tiny_config("gpt2", Size(vocab_size=len(tokenizer)),
@@ -239,7 +240,8 @@ def test_a_gpt2_model_is_unlearned_with_no_parameters(client, worker, forget_rec
     assert done["state"] == "SUCCEEDED", done["error"]
     engine = client.get(f"/v1/unlearning-jobs/{job['id']}/result", headers=auth()).json()
     assert engine["params"]["lora_targets"] == "auto" and engine["alpha"]["source"] == "auto"
-    assert set(engine["lora"]["modules"]) == {"c_attn", "c_proj", "c_fc"}
+    assert (engine["params"]["lora"], engine["params"]["whiten_updates"]) == (False, True)
+    assert set(engine["lora"]["whitened"]["modules"]) == {"c_attn", "c_proj", "c_fc"}
     assert engine["erasure"]["failing_ids"] == [] and len(engine["per_record"]) == len(forget_records)
     report = client.get(f"/v1/unlearning-jobs/{job['id']}/report", headers=auth()).json()
     assert report["stop_rule"]["alpha"] == engine["alpha"]["value"]

@@ -208,6 +208,7 @@ class TrainableModel:
         self.checkpointed: list = []
         self.sharded = False
         self.adapted: list[str] = []
+        self.whitened: dict | None = None  # full mode with whiten_updates: what training.whitening set up
         if lora:
             from peft import LoraConfig, get_peft_model
 
@@ -246,7 +247,7 @@ class TrainableModel:
     def describe(self) -> dict:
         """What was adapted, for the result: module kinds by name and how many."""
         if not self.lora:
-            return {"mode": "full"}
+            return {"mode": "full", **({"whitened": self.whitened} if self.whitened else {})}
         return {"mode": "lora", "modules": suffixes(self.adapted), "count": len(self.adapted),
                 "trainable_parameters": sum(p.numel() for p in self.trainable_parameters())}
 

@@ -20,6 +20,7 @@ from transformers.pytorch_utils import Conv1D
 from lethe.engine.contract.errors import EngineInputError
 from lethe.engine.data.records import EncodedRecord, batches
 from lethe.engine.model.loading import TrainableModel
+from lethe.engine.model.lora_targets import suffixes
 
 
 @torch.no_grad()
@@ -84,7 +85,8 @@ def whiten_updates(trainable: TrainableModel, module_names: list[str], records: 
                    damping: float, batch_size: int = 16) -> dict:
     """Train only the named projections (Linear, or GPT-2's Conv1D; other kinds of module are left out) of a full-mode
     trainable model, each on its whitened gradient (see the module's docstring), the second moments measured on
-    `records` by the model as it starts. Returns how many projections, on how many records."""
+    `records` by the model as it starts. Returns (and keeps as `trainable.whitened`, for the result) which modules, how
+    many projections, on how many records."""
     if trainable.lora or trainable.sharded:
         raise EngineInputError("whiten_updates needs full fine-tuning on one device (lora false, not sharded)",
                                field="whiten_updates")
@@ -108,4 +110,6 @@ def whiten_updates(trainable: TrainableModel, module_names: list[str], records: 
             inverses[key] = whitening(moments[name], damping)
         inverse = inverses[key]
         module.weight.register_hook(_weight_hook(inverse, isinstance(module, Conv1D)))
-    return {"projections": len(modules), "inputs": len(inverses), "records": len(records), "damping": damping}
+    trainable.whitened = {"modules": suffixes(list(modules)), "projections": len(modules), "inputs": len(inverses),
+                          "records": len(records), "damping": damping}
+    return trainable.whitened

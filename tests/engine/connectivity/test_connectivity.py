@@ -27,7 +27,7 @@ pytestmark = pytest.mark.slow  # trains a model or runs the service: `make test-
 def versions(fixture_model, forget_records, retain_records, tmp_path_factory):
     """Version 1: the fixture; version 2: MASC on the forget set (LoRA, merged)."""
     outcome = run_unlearning(str(fixture_model), forget_records, retain_records,
-                             params=MascParams.from_dict({"lr": 1e-3, "max_steps": 400}))
+                             params=MascParams.from_dict({"lr": 1e-3, "max_steps": 400, "lora": True}))
     out = tmp_path_factory.mktemp("mcu") / "v2"
     save_model(outcome.model, outcome.tokenizer, out)
     return fixture_model, out

@@ -69,7 +69,7 @@ def saved_tiny(family, tokenizer, tmp_path, dtype=torch.float32):
 @pytest.mark.parametrize("family", ["gpt2", "llama", "gpt_neox", "falcon"])
 def test_the_plan_counts_parameters_and_adapters_exactly(family, tokenizer, tmp_path):
     source = saved_tiny(family, tokenizer, tmp_path)
-    params = params_for("masc", {"lora_r": 8})
+    params = params_for("masc", {"lora_r": 8, "lora": True})
     shape = model_shape(load_config(source), params)
     model = AutoModelForCausalLM.from_pretrained(source)
     assert shape.parameters == sum(p.numel() for p in model.parameters())
@@ -117,13 +117,14 @@ def measured_run(source, forget, retain, method, values):
 # 1e-12 (each record's best-gain atoms are its content: a random model never says them; see test_architectures).
 FORCED = {"rho": 1e-12, "alpha": 0.01, "record_ceiling": 0.01, "max_steps": 3, "check_every": 1,
           "content_max_probability": 1e-12}
-MODES = [{}, {"dtype": "bfloat16"}, {"lora": False}, {"lora": False, "dtype": "bfloat16"},
-         {"gradient_checkpointing": True}, {"lora": False, "whiten_updates": True}]
+LORA = {"lora": True}  # the default ("auto") is the whitened mode below where it fits
+MODES = [LORA, {**LORA, "dtype": "bfloat16"}, {"lora": False}, {"lora": False, "dtype": "bfloat16"},
+         {**LORA, "gradient_checkpointing": True}, {"lora": False, "whiten_updates": True}]
 
 
 # Every mode on gpt2 and llama (Conv1D and Linear projections, grouped-query attention); gpt_neox (fused QKV) in the
 # default mode: each case is a whole run with the model's answers, so the matrix is kept to what differs.
-CASES = [(family, mode) for mode in MODES for family in (["gpt2", "llama", "gpt_neox"] if not mode else
+CASES = [(family, mode) for mode in MODES for family in (["gpt2", "llama", "gpt_neox"] if mode == LORA else
                                                             ["gpt2", "llama"])]
 
 
@@ -147,7 +148,7 @@ def test_a_baseline_is_planned_too(tokenizer, records, tmp_path):
 
 def test_a_run_that_does_not_fit_fails_before_its_weights_load(tokenizer, records, tmp_path):
     source = saved_tiny("llama", tokenizer, tmp_path)
-    params = params_for("masc", {})
+    params = params_for("masc", LORA)
     weights = sum(p.numel() for p in AutoModelForCausalLM.from_pretrained(source).parameters()) * 4
     with TensorMemory() as tensors, pytest.raises(DoesNotFit) as refused:
         run_unlearning(str(source), records[:3], records[3:], params=params, device="cpu", memory_limit=weights)
@@ -156,16 +157,16 @@ def test_a_run_that_does_not_fit_fails_before_its_weights_load(tokenizer, record
     assert plan.peak_bytes > weights and not plan.fits and refused.value.field == "params"
     assert "does not fit" in str(refused.value) and "GiB" in str(refused.value)
     # The same run with room for it goes ahead.
-    outcome = run_unlearning(str(source), records[:3], records[3:], params=params_for("masc", FORCED), device="cpu",
-                             memory_limit=plan.peak_bytes * 2)
+    outcome = run_unlearning(str(source), records[:3], records[3:], params=params_for("masc", {**FORCED, **LORA}),
+                             device="cpu", memory_limit=plan.peak_bytes * 2)
     assert outcome.result.as_dict()["peak_memory"]["estimate_bytes"] == plan.peak_bytes
 
 
 def test_bfloat16_lora_holds_half_the_base_and_float32_adapters(fixture_model, people):
     records = [r for p in people for r in p]
-    r32, peak32, out32 = measured_run(fixture_model, records[:4], records[4:], "masc", {"max_steps": 60})
+    r32, peak32, out32 = measured_run(fixture_model, records[:4], records[4:], "masc", {"max_steps": 60, **LORA})
     r16, peak16, out16 = measured_run(fixture_model, records[:4], records[4:], "masc",
-                                      {"max_steps": 60, "dtype": "bfloat16"})
+                                      {"max_steps": 60, "dtype": "bfloat16", **LORA})
     assert r16["precision"] == {"dtype": "bfloat16", "mode": "lora", "base": "bfloat16", "adapters": "float32",
                                 "optimiser_state": "float32", "gradient_checkpointing": False,
                                 "checkpoint_dtype": "float32"}
@@ -191,7 +192,7 @@ def test_a_half_precision_base_keeps_a_small_update(tokenizer, records, tmp_path
     source = saved_tiny("llama", tokenizer, tmp_path)
     base = dict(AutoModelForCausalLM.from_pretrained(source).named_parameters())
     _, _, outcome = measured_run(source, records[:3], records[3:], "masc", {**FORCED, "dtype": "bfloat16",
-                                                                             "lr": 1e-5})
+                                                                             "lr": 1e-5, **LORA})
     merged = dict(outcome.model.named_parameters())
     name = next(n for n in merged if n.endswith("q_proj.weight"))
     rounded = base[name].to(torch.bfloat16).float()

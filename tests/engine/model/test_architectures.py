@@ -130,7 +130,7 @@ def test_masc_runs_saves_and_reloads_on_every_family(family, tokenizer, records,
     # Whole records: rho 1e-12 (tau -27.6): nearly every token of a random model counts as dominant, so with
     # ceilings of 0.01 the rule cannot fire before the cap of 3 steps.
     params = MascParams.from_dict({"rho": 1e-12, "alpha": 0.01, "record_ceiling": 0.01, "max_steps": 3, "lr": 1e-3,
-                                   "suppress": "whole"})
+                                   "suppress": "whole", "lora": True})
     outcome = run_unlearning(str(source), records[:3], records[3:9], params=params)
     assert outcome.result.as_dict()["stop_reason"] == "max_steps" and outcome.result.as_dict()["steps"] == 3
     assert outcome.result.as_dict()["lora"]["count"] == len(targets)

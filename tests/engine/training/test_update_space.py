@@ -47,6 +47,13 @@ def test_a_decided_lora_is_kept_as_given(lora):
     assert decide_update_space(params, plans({}, 0, []), has_retain=True, sharded=False) is params
 
 
+def test_auto_is_the_masc_default_the_published_presets_keep_lora():
+    assert MascParams.from_dict({}).lora == "auto" and params_for("masc", {}).lora == "auto"
+    for preset in ("qwen2.5-scaling", "tofu-llama2", "muse-news", "whole-record"):
+        assert MascParams.from_dict({}, preset=preset).lora is True, preset  # SPEC section 3's parameter space
+    assert MascParams.from_dict({"lora": "auto"}, preset="tofu-llama2").lora == "auto"  # a named value wins
+
+
 def test_auto_is_a_masc_value_a_baseline_refuses_and_the_cli_and_schema_show():
     assert MascParams.from_dict({"lora": "auto"}).lora == "auto"
     assert params_for("masc", {"lora": "auto"}).lora == "auto"  # as the CLI's --lora auto gives it
@@ -65,11 +72,13 @@ def test_auto_is_a_masc_value_a_baseline_refuses_and_the_cli_and_schema_show():
 def test_an_auto_run_trains_whitened_in_full_and_under_a_tight_limit_lora(fixture_model, forget_records,
                                                                             retain_records):
     forget, retain = forget_records[:4], retain_records[:8]
-    auto = MascParams.from_dict({"lora": "auto", "max_steps": 3})
+    auto = MascParams.from_dict({"max_steps": 3})  # "auto" is the default
+    assert auto.lora == "auto"
     full = run_unlearning(str(fixture_model), forget, retain, params=auto)
     assert (full.result.params["lora"], full.result.params["whiten_updates"]) == (False, True)
     assert full.result.precision["mode"] == "full"
-    lora = run_unlearning(str(fixture_model), forget, retain, params=MascParams.from_dict({"max_steps": 3}))
+    lora = run_unlearning(str(fixture_model), forget, retain, params=MascParams.from_dict({"max_steps": 3,
+                                                                                           "lora": True}))
     assert lora.result.precision["mode"] == "lora"
     lora_peak, full_peak = lora.result.peak_memory["estimate_bytes"], full.result.peak_memory["estimate_bytes"]
     assert lora_peak < full_peak

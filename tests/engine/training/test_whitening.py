@@ -12,6 +12,7 @@ from lethe.engine.data.records import EncodedRecord, collate
 from lethe.engine.methods.masc.params import MascParams
 from lethe.engine.model.architectures import Size, tiny_config
 from lethe.engine.model.loading import TrainableModel, load_model, lora_modules
+from lethe.engine.model.lora_targets import suffixes
 from lethe.engine.training.whitening import _weight_hook, input_second_moments, whiten_updates, whitening
 from lethe.engine.unlearn import run_unlearning
 
@@ -96,7 +97,9 @@ def test_each_projection_trains_on_its_whitened_gradient_and_nothing_else_trains
     retain = records([8, 6, 10, 7], seed=2)
     report = whiten_updates(trainable, names, retain, pad_id=0, damping=0.1)
     # Four distinct inputs a block: llama's q, k, v share one, gate and up one; GPT-2 fuses them.
-    assert report == {"projections": len(names), "inputs": 8, "records": 4, "damping": 0.1}
+    assert report == {"modules": suffixes(names), "projections": len(names), "inputs": 8, "records": 4,
+                      "damping": 0.1}
+    assert trainable.whitened == report and trainable.describe() == {"mode": "full", "whitened": report}
     named = dict(trainable.model.named_modules())
     moments = input_second_moments(plain, {n: dict(plain.named_modules())[n] for n in names}, retain, 0)
     batch = collate(records([9, 5], seed=3), 0)
@@ -139,8 +142,9 @@ def test_a_whitened_step_spares_the_directions_retained_inputs_use():
 
 def test_whitened_updates_need_full_fine_tuning():
     with pytest.raises(EngineInputError, match="lora false"):
-        MascParams.from_dict({"whiten_updates": True})
+        MascParams.from_dict({"whiten_updates": True, "lora": True})
     assert MascParams.from_dict({"whiten_updates": True, "lora": False}).whiten_updates
+    assert MascParams.from_dict({"whiten_updates": True}).lora == "auto"  # the default: decided at the run
     with pytest.raises(EngineInputError, match="whiten_damping"):
         MascParams.from_dict({"whiten_updates": True, "lora": False, "whiten_damping": 0})
 

@@ -136,8 +136,9 @@ class MascParams(SharedParams):
     max_steps: int = param(2000, "a safety cap only: the rule decides the length (a run that hits it is flagged)",
                            ge=1, le=1_000_000)
     # Issue 28: whitened full fine-tuning wore a quarter of LoRA's margin per unit of erasure on the facts no retain
-    # term holds (BENCHMARKS.md, "Whitened updates"); "auto" takes it where it fits, LoRA where it does not.
-    lora: bool | str = param(True, "train LoRA adapters (theta_0 = adapters off, no second copy); false: full "
+    # term holds (BENCHMARKS.md, "Whitened updates"), so the default ("auto") takes it where it fits, LoRA where it
+    # does not (no retain records, sharded, or too big); the published presets keep SPEC section 3's LoRA.
+    lora: bool | str = param("auto", "train LoRA adapters (theta_0 = adapters off, no second copy); false: full "
                                    "fine-tuning with a frozen copy; \"auto\": full fine-tuning with whitened updates "
                                    "(whiten_updates) where the run has retain records, runs in one process and its "
                                    "memory plan fits the device, else LoRA", choices=(True, False, "auto"))
@@ -205,7 +206,7 @@ class MascParams(SharedParams):
 
 
 # The published method suppresses every token of a record: no destination, no replay, no margin on the greedy check.
-AS_PUBLISHED = dict(suppress="whole", lambda_keep=0.0, lambda_logits=0.0, greedy_margin=0.0)
+AS_PUBLISHED = dict(suppress="whole", lambda_keep=0.0, lambda_logits=0.0, greedy_margin=0.0, lora=True)
 # Published defaults (SPEC section 3). lr and batch are given for TOFU only; the others keep ours.
 PRESETS: dict[str, dict] = {
     "qwen2.5-scaling": dict(lambda_forget=0.1, lambda_retain=1.0, rho=0.5, eta=0.5, k=10, beta=1.0,
