@@ -173,17 +173,15 @@ def centred_logit_drift(logits: torch.Tensor, ref_logits: torch.Tensor) -> torch
     if kept.all():  # the usual case, with fewer [N, V] copies
         c0 = z0 - z0.mean(-1, keepdim=True)
         return (z - z.mean(-1, keepdim=True) - c0).pow(2).sum() / c0.pow(2).sum().clamp(min=1e-12)
-    z0, z = z0.masked_fill(~kept, 0.0), z.masked_fill(~kept, 0.0)
-    width = kept.sum(-1, keepdim=True).clamp(min=1)
-    c0 = (z0 - z0.sum(-1, keepdim=True) / width).masked_fill(~kept, 0.0)
-    c = (z - z.sum(-1, keepdim=True) / width).masked_fill(~kept, 0.0)
+    c0, c = centred(z0, kept).masked_fill(~kept, 0.0), centred(z, kept).masked_fill(~kept, 0.0)
     return (c - c0).pow(2).sum() / c0.pow(2).sum().clamp(min=1e-12)
 
 
-def centred(logits: torch.Tensor) -> torch.Tensor:
-    """Float32 rows minus their mean over the finite entries (a -inf, a denied token, stays -inf)."""
-    z = logits.detach().float()
-    kept = torch.isfinite(z)
+def centred(logits: torch.Tensor, kept: torch.Tensor | None = None) -> torch.Tensor:
+    """Float32 rows minus their mean over the `kept` entries (default: the finite ones; a -inf, a denied token, stays
+    -inf). Gradients pass: the logit drift centres the trained logits with it."""
+    z = logits.float()
+    kept = torch.isfinite(z) if kept is None else kept
     return z - torch.where(kept, z, torch.zeros_like(z)).sum(-1, keepdim=True) / kept.sum(-1, keepdim=True).clamp(min=1)
 
 
@@ -192,7 +190,7 @@ def lineage_reference(anchor_logits: torch.Tensor, start_logits: torch.Tensor, t
     lineage (issue 28): the anchor's centred logit for each row's target, the lower of the anchor's and the start's
     for every other token. The retain records are pulled back to what the anchor said of them, and no other token is
     pulled above where the start has it: the anchor still knows what earlier runs of the lineage erased."""
-    anchor, start = centred(anchor_logits), centred(start_logits)
+    anchor, start = centred(anchor_logits.detach()), centred(start_logits.detach())
     return torch.minimum(anchor, start).scatter(1, targets[:, None], anchor.gather(1, targets[:, None]))
 
 

@@ -197,10 +197,9 @@ class MascParams(SharedParams):
         """lambda_retain "auto": 3 with content suppression, else 1; lambda_keep "auto": 3 and lambda_logits "auto":
         8 with content suppression and the KL retain term, else 0. alpha and record_ceiling stay: calibration
         measures them on theta_0."""
-        keep = (3.0 if self.content and self.retain_loss == "kl" else 0.0) if self.lambda_keep == "auto" \
-            else self.lambda_keep
-        logits = (8.0 if self.content and self.retain_loss == "kl" else 0.0) if self.lambda_logits == "auto" \
-            else self.lambda_logits
+        held = self.content and self.retain_loss == "kl"  # the terms that ride on the KL retain term
+        keep = (3.0 if held else 0.0) if self.lambda_keep == "auto" else self.lambda_keep
+        logits = (8.0 if held else 0.0) if self.lambda_logits == "auto" else self.lambda_logits
         retain = (3.0 if self.content else 1.0) if self.lambda_retain == "auto" else self.lambda_retain
         return dataclasses.replace(self, lambda_retain=retain, lambda_keep=keep, lambda_logits=logits)
 
