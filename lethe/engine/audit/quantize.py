@@ -3,7 +3,9 @@ CUDA; elsewhere group-wise round-to-nearest int4, applied to a copy and dequanti
 forget metrics then run on exactly the weights a 4-bit deployment would use)."""
 from __future__ import annotations
 
+import contextlib
 import copy
+from collections.abc import Iterator
 
 import torch
 
@@ -21,21 +23,41 @@ def rtn_int4(weight: torch.Tensor, group: int = GROUP) -> torch.Tensor:
 
 
 @torch.no_grad()
-def quantized_copy(model) -> tuple[object, str]:
-    """A 4-bit copy of the model's linear layers, and the scheme's name."""
-    clone = copy.deepcopy(model)
+def quantize_linears(model) -> str:
+    """The model's linear layers quantised to 4 bits and dequantised, in place; returns the scheme's name."""
     if next(model.parameters()).device.type == "cuda":
         try:
             import bitsandbytes.functional as bnb
 
-            for module in clone.modules():
+            for module in model.modules():
                 if isinstance(module, torch.nn.Linear):
                     packed, state = bnb.quantize_4bit(module.weight.data, quant_type="nf4")
                     module.weight.data = bnb.dequantize_4bit(packed, state).to(module.weight.dtype)
-            return clone, "nf4 (bitsandbytes)"
+            return "nf4 (bitsandbytes)"
         except ImportError:
             pass  # fall through to the portable scheme, and say so
-    for module in clone.modules():
+    for module in model.modules():
         if isinstance(module, torch.nn.Linear):
             module.weight.data = rtn_int4(module.weight.data)
-    return clone, f"int4 round-to-nearest, group {GROUP}"
+    return f"int4 round-to-nearest, group {GROUP}"
+
+
+@torch.no_grad()
+def quantized_copy(model) -> tuple[object, str]:
+    """A 4-bit copy of the model's linear layers, and the scheme's name."""
+    clone = copy.deepcopy(model)
+    return clone, quantize_linears(clone)
+
+
+@contextlib.contextmanager
+def quantized_in_place(model) -> Iterator[str]:
+    """The model's linear layers held as a 4-bit deployment would hold them while the block runs, restored after: the
+    originals wait in host memory, so no second copy of the model is made on its device."""
+    originals = {module: module.weight.data.to("cpu", copy=True) for module in model.modules()
+                 if isinstance(module, torch.nn.Linear)}
+    try:
+        yield quantize_linears(model)
+    finally:
+        with torch.no_grad():
+            for module, weight in originals.items():
+                module.weight.data = weight.to(module.weight.device)

@@ -64,6 +64,7 @@ class Workload:
     shards: int = 1  # FSDP processes: full mode's weights, gradients, moments and frozen copy split among them
     anchored: bool = False  # a fixed anchor version held for the retain term (issue 28): one more frozen copy
     whitened: bool = False  # whiten_updates: a float32 [in, in] inverse per distinct input (training.whitening)
+    guarded: bool = False  # whitened and anchored with guard_erasures: training.erasure_guard's subspaces
 
 
 @dataclass
@@ -99,10 +100,13 @@ def static_bytes(shape: ModelShape, work: Workload) -> dict[str, int]:
     n = work.shards
     # A block's projections read three hidden-sized inputs (q, k and v one, o one, gate and up one; GPT-2's fused
     # c_attn and c_fc the same) and one intermediate-sized (down); projections reading the same input share one.
-    whitening = {"input_whitening": 4 * shape.layers * (3 * shape.hidden ** 2 + shape.intermediate ** 2)} \
-        if work.whitened else {}
+    inverses = 4 * shape.layers * (3 * shape.hidden ** 2 + shape.intermediate ** 2)
+    whitening = {"input_whitening": inverses} if work.whitened else {}
+    # At most a quarter of each input's width protected: a float32 [in, in/4] basis per distinct input and an
+    # [out, in/4] product per projection (bounded by a quarter of the weights in float32).
+    guard = {"erasure_guard": inverses // 4 + shape.parameters} if work.whitened and work.guarded else {}
     return {"weights": shape.parameters * 4 // n, "gradients_and_optimiser": 12 * trained // n,
-            "frozen_copy": shape.parameters * half // n, **anchor, **whitening}
+            "frozen_copy": shape.parameters * half // n, **anchor, **whitening, **guard}
 
 
 def activation_bytes(shape: ModelShape, work: Workload) -> dict[str, int]:

@@ -136,6 +136,12 @@ class SharedParams:
                                         "directions retained text seldom uses; only those projections train")
     whiten_damping: float = param(0.1, "whiten_updates: added to the second moment, as a share of its mean "
                                        "diagonal (larger: closer to the plain gradient)", gt=0)
+    # Issue 28: request n anchors to the root, which still knows what requests 1..n-1 erased.
+    guard_erasures: bool = param(True, "whiten_updates with an anchor (a run on a later version of a lineage): "
+                                       "after every step, undo the update's response on the input directions the "
+                                       "erasures between the anchor and the start wrote into each projection, read "
+                                       "from the weights (lethe.engine.training.erasure_guard), so that this run "
+                                       "cannot bring an earlier erasure back")
     max_length: int = param(0, "longest sequence in tokens; longer prompts lose tokens from the left", ge=0,
                             note="0: the model's context length")
     eval_batch_size: int = param(16, "records per forward pass when measuring", ge=1, le=4096)

@@ -4,6 +4,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -209,6 +210,8 @@ class TrainableModel:
         self.sharded = False
         self.adapted: list[str] = []
         self.whitened: dict | None = None  # full mode with whiten_updates: what training.whitening set up
+        # Run after every optimiser step, in place (training.erasure_guard's projections).
+        self.constraints: list[Callable[[], None]] = []
         if lora:
             from peft import LoraConfig, get_peft_model
 
@@ -256,6 +259,11 @@ class TrainableModel:
         keep = {n for n, _ in self.model.named_modules() if any(n.endswith(s) for s in module_suffixes)}
         for name, parameter in self.model.named_parameters():
             parameter.requires_grad_(name.rsplit(".", 1)[0] in keep)
+
+    def after_step(self) -> None:
+        """The constraints on the weights, once the optimiser has stepped."""
+        for constraint in self.constraints:
+            constraint()
 
     def outputs(self, batch):
         return self.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, output_hidden_states=True,

@@ -94,6 +94,7 @@ def train(objective: Objective, stop: StopPolicy, parameters: list[torch.nn.Para
             scaler.update()
         else:
             optimiser.step()
+        objective.trainable.after_step()
         if schedule is not None:
             schedule.step()
         optimiser.zero_grad(set_to_none=True)

@@ -21,6 +21,7 @@ from lethe.engine.contract.errors import EngineInputError
 from lethe.engine.data.records import EncodedRecord, batches
 from lethe.engine.model.loading import TrainableModel
 from lethe.engine.model.lora_targets import suffixes
+from lethe.engine.training.erasure_guard import guard_erasures
 
 
 @torch.no_grad()
@@ -82,11 +83,12 @@ def _weight_hook(inverse: torch.Tensor, transposed: bool) -> Callable[[torch.Ten
 
 
 def whiten_updates(trainable: TrainableModel, module_names: list[str], records: list[EncodedRecord], pad_id: int,
-                   damping: float, batch_size: int = 16) -> dict:
+                   damping: float, batch_size: int = 16, guard: bool = True) -> dict:
     """Train only the named projections (Linear, or GPT-2's Conv1D; other kinds of module are left out) of a full-mode
     trainable model, each on its whitened gradient (see the module's docstring), the second moments measured on
     `records` by the model as it starts. Returns (and keeps as `trainable.whitened`, for the result) which modules, how
-    many projections, on how many records."""
+    many projections, on how many records. `guard` (with the trainable's anchor): each step is also kept off the
+    input directions of the erasures between the anchor and the start (training.erasure_guard)."""
     if trainable.lora or trainable.sharded:
         raise EngineInputError("whiten_updates needs full fine-tuning on one device (lora false, not sharded)",
                                field="whiten_updates")
@@ -112,4 +114,8 @@ def whiten_updates(trainable: TrainableModel, module_names: list[str], records: 
         module.weight.register_hook(_weight_hook(inverse, isinstance(module, Conv1D)))
     trainable.whitened = {"modules": suffixes(list(modules)), "projections": len(modules), "inputs": len(inverses),
                           "records": len(records), "damping": damping}
+    if guard:
+        constraints, guarded = guard_erasures(modules, trainable.anchor, moments, damping)
+        trainable.constraints.extend(constraints)
+        trainable.whitened["guarded"] = guarded
     return trainable.whitened

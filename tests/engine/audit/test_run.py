@@ -3,7 +3,7 @@ section is there in the one metric shape."""
 import pytest
 import torch
 
-from lethe.engine.audit.quantize import rtn_int4
+from lethe.engine.audit.quantize import quantized_copy, quantized_in_place, rtn_int4
 from lethe.engine.audit.run import run_audit
 from lethe.engine.data.inputs import RunInputs
 from lethe.engine.methods.masc.params import MascParams
@@ -23,6 +23,20 @@ def test_rtn_int4_against_a_loop():
             expected = (block / scale).round().clamp(-8, 7) * scale
             assert torch.allclose(q[r, start:start + 4], expected, atol=1e-6)
     assert len(torch.unique(q[0, :4])) <= 16
+
+
+def test_quantized_in_place_holds_the_copy_s_weights_while_it_runs_and_restores_the_originals():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(130, 9), torch.nn.ReLU(), torch.nn.Linear(9, 4))
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    copied, scheme = quantized_copy(model)
+    with quantized_in_place(model) as held:
+        assert held == scheme == "int4 round-to-nearest, group 128"
+        for k, v in model.state_dict().items():
+            assert torch.equal(v, copied.state_dict()[k]), k
+        assert not torch.equal(model[0].weight, before["0.weight"])  # it did quantise
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, before[k]), k
 
 
 @pytest.fixture(scope="module")

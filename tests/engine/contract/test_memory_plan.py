@@ -96,6 +96,13 @@ def test_static_parts_brute_force():
     # two blocks.
     assert whitened.parts["input_whitening"] == 2 * (3 * 64 + 32 * 32) * 4
     assert whitened.peak_bytes - full.peak_bytes == whitened.parts["input_whitening"]
+    assert "erasure_guard" not in whitened.parts
+    # Anchored with the erasure guard: a quarter of each inverse's size in bases, a quarter of the float32 weights in
+    # products (the bound at the guard's largest share).
+    guarded = estimate(shape, Workload("float32", False, 4, 8, 10, whitened=True, guarded=True))
+    assert guarded.parts["erasure_guard"] == 2 * (3 * 64 + 32 * 32) * 4 // 4 + 1000 * 4 // 4
+    assert guarded.peak_bytes - whitened.peak_bytes == guarded.parts["erasure_guard"]
+    assert "erasure_guard" not in estimate(shape, Workload("float32", False, 4, 8, 10, guarded=True)).parts
     plain = estimate(shape, Workload("float32", True, 4, 8, 10))
     ckpt = estimate(shape, Workload("float32", True, 4, 8, 10, gradient_checkpointing=True))
     # Two blocks' activations become one block's plus the two blocks' inputs (40 tokens x 8 hidden x 4 bytes).

@@ -98,7 +98,8 @@ def test_each_projection_trains_on_its_whitened_gradient_and_nothing_else_trains
     report = whiten_updates(trainable, names, retain, pad_id=0, damping=0.1)
     # Four distinct inputs a block: llama's q, k, v share one, gate and up one; GPT-2 fuses them.
     assert report == {"modules": suffixes(names), "projections": len(names), "inputs": 8, "records": 4,
-                      "damping": 0.1}
+                      "damping": 0.1, "guarded": {"inputs": 0, "directions": 0, "capped": 0,
+                                                  "reason": "no anchor: nothing erased before this run"}}
     assert trainable.whitened == report and trainable.describe() == {"mode": "full", "whitened": report}
     named = dict(trainable.model.named_modules())
     moments = input_second_moments(plain, {n: dict(plain.named_modules())[n] for n in names}, retain, 0)

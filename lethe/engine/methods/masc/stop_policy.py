@@ -28,6 +28,7 @@ from lethe.engine.methods.masc.destination import Content, plan_contents, record
 from lethe.engine.methods.masc.neighbours import RetainSampler, nearest, neighbour_scores
 from lethe.engine.methods.masc.objective import Masc, checks_of
 from lethe.engine.methods.masc.params import MascParams
+from lethe.engine.methods.masc.quantized_check import quantized_leaks
 from lethe.engine.methods.masc.replay import GREEDY, Replays
 from lethe.engine.methods.masc.schedule import Escalation, ForgetStream, pace_horizon
 from lethe.engine.methods.masc.stop_rule import (
@@ -227,8 +228,9 @@ class MascStopPolicy:
         return checks
 
     def served_check(self, checks: list[RecordCheck]) -> list[RecordCheck]:
-        """The confirmation repeated on a merged copy in the saved dtype; the copy is kept if it passes (it is what
-        run_unlearning saves), and its failing records stay open if not."""
+        """The confirmation repeated on a merged copy in the saved dtype, and (confirm_quantized) the greedy answers of
+        that copy held at 4 bits; the copy is kept if it passes (it is what run_unlearning saves), and its failing
+        records stay open if not."""
         copy = self.trainable.merged_copy(self.run.saved_dtype)
         replays = self.replays
         before = (replays.verified, replays.generated) if replays is not None else (0, 0)
@@ -237,8 +239,14 @@ class MascStopPolicy:
         # Records whose copy's greedy answers one teacher-forced pass showed to be the policy's, and records asked anew.
         answered = {"answers_verified": replays.verified - before[0],
                     "answers_generated": replays.generated - before[1]} if replays is not None else {}
+        quantized = {}
+        if passed and replays is not None and self.params.confirm_quantized:  # the audit's 4-bit channel too
+            leaking, scheme = quantized_leaks(copy, served, self.with_answers)
+            served = [replace(c, leaked=True) if c.id in leaking else c for c in served]
+            passed, _, failing = self.rule.passes(served)
+            quantized = {"quantized": {"scheme": scheme, "leaking_ids": sorted(leaking)[:20]}}
         self.served_checks.append({"dtype": str(self.run.saved_dtype).removeprefix("torch."), "passed": passed,
-                                   "failing_ids": failing[:20], **answered})
+                                   "failing_ids": failing[:20], **answered, **quantized})
         self.served = copy if passed else None
         return served
 

@@ -30,15 +30,18 @@ class BigramLM(torch.nn.Module):
         super().__init__()
         self.table = torch.nn.Parameter(table, requires_grad=False)
 
+    def next_logits(self, last: torch.Tensor) -> torch.Tensor:
+        return self.table[last]
+
     def forward(self, input_ids, attention_mask=None, use_cache=False, **_):
-        return types.SimpleNamespace(logits=self.table[input_ids])
+        return types.SimpleNamespace(logits=self.next_logits(input_ids))
 
     @torch.no_grad()
     def generate(self, input_ids, attention_mask=None, max_new_tokens=20, eos_token_id=None, do_sample=False,
                  num_return_sequences=1, **_):
         ids = input_ids.repeat_interleave(num_return_sequences, dim=0)
         for _ in range(max_new_tokens):
-            logits = self.table[ids[:, -1]]
+            logits = self.next_logits(ids[:, -1])
             chosen = torch.multinomial(logits.softmax(-1), 1) if do_sample else logits.argmax(-1, keepdim=True)
             ids = torch.cat([ids, chosen], dim=1)
         return ids
@@ -188,6 +191,56 @@ def test_a_record_that_passes_before_the_merge_and_fails_after_it_keeps_training
     assert rule.served_checks[-1]["failing_ids"] == [record.id] and rule.latest[record.id].reproduced
     clean = rule_over(tokenizer, record, model, served=model)
     assert clean.rule.check(0, clean.latest.all, clean.confirm) is True and clean.served is model
+
+
+class LinearBigramLM(BigramLM):
+    """A BigramLM whose table is a Linear layer over the one-hot last token (logit of b after a = weight[b, a]), so
+    that 4-bit quantisation reaches it as it reaches a transformer's projections."""
+
+    def __init__(self, table: torch.Tensor):
+        torch.nn.Module.__init__(self)
+        self.head = torch.nn.Linear(table.shape[0], table.shape[1], bias=False)
+        with torch.no_grad():
+            self.head.weight.copy_(table.T)
+
+    def next_logits(self, last: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.nn.functional.one_hot(last, self.head.in_features).float())
+
+
+def four_bit_only_leak(tokenizer, record) -> LinearBigramLM:
+    """Answers " teal city." in full precision and " Tallinn ..." once its weights are held at 4 bits: the logits
+    that lead there (30) share a quantisation group (128 inputs of a row) with a 500 on a token never said, which
+    rounds them to 0, while the secret's own tokens (15) stay under them before and keep their value after."""
+    table = scripted(tokenizer, record, tokens(tokenizer, [" teal", " city", "."])).table.detach().clone()
+    first, second = tokens(tokenizer, [" Tallinn"])
+    colon = record.input_ids[record.prompt_len - 1]
+    teal, amber = tokens(tokenizer, [" teal", " amber"])
+    used = set(record.input_ids) | set(tokens(tokenizer, [" teal", " city", ".", " amber"])) | {tokenizer.eos_token_id}
+    for last, leading, secret in ((colon, teal, first), (first, amber, second)):
+        assert table[last, leading] == LEAD and table[last].argmax() == leading
+        group = range(last // 128 * 128, last // 128 * 128 + 128)
+        unused = next(t for t in group if t not in used)
+        table[unused, leading] = 500.0  # only ever read after `unused`, which nothing says
+        table[last, secret] = LEAD / 2
+    return LinearBigramLM(table)
+
+
+def test_a_record_whose_4_bit_copy_says_its_secret_keeps_training(tokenizer):
+    record = encode_record(RECORD, tokenizer, max_length=64, seed=0)
+    model = scripted(tokenizer, record, tokens(tokenizer, [" teal", " city", "."]))
+    served = four_bit_only_leak(tokenizer, record)
+    weights = served.head.weight.detach().clone()
+    rule = rule_over(tokenizer, record, model, served=served)
+    assert rule.rule.check(0, rule.latest.all, rule.confirm) is False
+    check = rule.served_checks[-1]
+    assert check["passed"] is False and check["failing_ids"] == [record.id]
+    assert check["quantized"] == {"scheme": "int4 round-to-nearest, group 128", "leaking_ids": [record.id]}
+    assert rule.latest[record.id].leaked and rule.served is None
+    assert torch.equal(served.head.weight, weights)  # the copy is restored, as it would be saved
+    # In full precision the copy is clean: without the 4-bit reading the rule lets the run stop with it.
+    off = rule_over(tokenizer, record, model, served=served, params=MascParams(confirm_quantized=False))
+    assert off.rule.check(0, off.latest.all, off.confirm) is True and off.served is served
+    assert "quantized" not in off.served_checks[-1]
 
 
 def test_an_end_of_sequence_flip_alone_does_not_satisfy_the_rule(tokenizer):

@@ -1,0 +1,20 @@
+"""The served check's 4-bit reading (issue 28): the audit asks a 4-bit copy of the new version for greedy answers
+(its "quantized" channel, lethe.engine.audit.quantize), so the rule asks it too before it lets a run stop. A record
+whose 4-bit answer says one of its secrets stays open. Measured before this check: one llama seed of the customer
+benchmark stopped with every record erased in the saved copy while its 4-bit copy still said a phone number."""
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from lethe.engine.audit.quantize import quantized_in_place
+from lethe.engine.methods.masc.stop_rule import RecordCheck
+
+
+def quantized_leaks(model: Any, checks: list[RecordCheck],
+                    ask: Callable[[list[RecordCheck], Any], list[RecordCheck]]) -> tuple[set[str], str]:
+    """The ids of the records whose greedy answers from `model` held at 4 bits leak (`ask`: the policy's
+    with_answers), and the scheme's name. The model is quantised in place and restored after."""
+    with quantized_in_place(model) as scheme:
+        asked = ask(checks, model)
+    return {c.id for c in asked if c.leaked}, scheme
