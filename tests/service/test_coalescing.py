@@ -105,6 +105,11 @@ def test_queued_requests_join_one_run_each_with_its_own_result_and_verdict(clien
     assert "anchor" not in jobs[leader].engine_result
     assert jobs[leader].report["evidence"]["retain_anchor"] == "version 1 (the base)"
     assert job.engine_result["peak_memory"]["estimate"]["anchor_copy"] > 0
+    # Earlier erasures stay erased: its whitened update was kept off the directions the run's erasure wrote (the
+    # erasure guard); the run from the root had nothing to guard.
+    assert job.engine_result["lora"]["whitened"]["guarded"]["directions"] > 0
+    assert job.engine_result["peak_memory"]["estimate"]["erasure_guard"] > 0
+    assert jobs[leader].engine_result["lora"]["whitened"]["guarded"]["directions"] == 0
     client.post(f"/v1/unlearning-jobs/{other_params}:cancel", headers=auth())
 
 
