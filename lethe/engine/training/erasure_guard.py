@@ -56,13 +56,18 @@ def damped_inverse_root(moment: torch.Tensor, damping: float) -> torch.Tensor:
     return ((vectors * values.clamp(min=1e-30).rsqrt()) @ vectors.T).float()
 
 
+def most_protected(width: int, max_share: float = MAX_SHARE) -> int:
+    """The most directions protected for an input this wide."""
+    return max(1, int(width * max_share))
+
+
 def protected_subspace(deltas: list[torch.Tensor], inverse_root: torch.Tensor, energy: float = ENERGY,
                        max_share: float = MAX_SHARE) -> torch.Tensor:
     """X ([in, r], orthonormal columns): the input directions the stacked [out, in] deltas respond to most for their
     energy under A (see the module's docstring). `inverse_root`: A^(-1/2)."""
     whitened = torch.cat(deltas) @ inverse_root
     width = whitened.shape[1]
-    limit = max(1, int(width * max_share))
+    limit = most_protected(width, max_share)
     if width > 1024:  # a big projection: its top directions only
         _, s, v = torch.svd_lowrank(whitened, q=min(limit + 8, min(whitened.shape)), niter=4)
     else:
@@ -113,7 +118,7 @@ def guard_erasures(modules: dict[str, torch.nn.Module], anchor: Any, moments: di
         moment = moments[names[0]]
         basis = protected_subspace(deltas, damped_inverse_root(moment, damping))
         inputs, directions = inputs + 1, directions + basis.shape[1]
-        capped += basis.shape[1] >= max(1, int(moment.shape[0] * MAX_SHARE))
+        capped += basis.shape[1] >= most_protected(moment.shape[0])
         for name in names:
             module = modules[name]
             transposed = isinstance(module, Conv1D)
