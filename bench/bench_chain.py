@@ -38,6 +38,7 @@ from lethe.engine.unlearn import run_unlearning
 
 RETAIN_SAMPLE = 100
 RUN_FILE = "bench_chain_run.json"  # the run's seconds, stop and steps, beside its version
+EVIDENCE_FILE = "bench_chain_evidence.json"  # why it stopped where it did: served checks, failing records, the guard
 
 
 def run_into(made: Path, start: Path, forget: list[dict], retain: list[dict], overrides: dict, device: str | None,
@@ -51,6 +52,7 @@ def run_into(made: Path, start: Path, forget: list[dict], retain: list[dict], ov
     outcome.tokenizer.save_pretrained(made)
     ran = outcome.result.as_dict()
     result = {"seconds": seconds, "stop_reason": ran["stop_reason"], "steps": ran["steps"], "params": overrides}
+    (made / EVIDENCE_FILE).write_text(json.dumps(ran, default=str))
     (made / RUN_FILE).write_text(json.dumps(result))
     return result
 

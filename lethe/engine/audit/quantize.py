@@ -8,6 +8,7 @@ import copy
 from collections.abc import Iterator
 
 import torch
+from transformers.pytorch_utils import Conv1D
 
 GROUP = 128
 
@@ -22,23 +23,35 @@ def rtn_int4(weight: torch.Tensor, group: int = GROUP) -> torch.Tensor:
     return (q * scale).reshape(rows, -1)[:, :cols].to(weight.dtype)
 
 
+def projections(model) -> Iterator[tuple[torch.Tensor, bool]]:
+    """The weights a 4-bit deployment quantises, each with whether it is stored inputs x outputs: nn.Linear's, and
+    GPT-2's Conv1D's (which bitsandbytes loads as a 4-bit linear layer too), grouped along its inputs all the same."""
+    seen: set[int] = set()  # a weight shared by two layers is quantised once
+    for module in model.modules():
+        if isinstance(module, torch.nn.Linear | Conv1D) and id(module.weight) not in seen:
+            seen.add(id(module.weight))
+            yield module.weight, isinstance(module, Conv1D)
+
+
 @torch.no_grad()
 def quantize_linears(model) -> str:
-    """The model's linear layers quantised to 4 bits and dequantised, in place; returns the scheme's name."""
+    """The model's linear layers (Conv1D included) quantised to 4 bits and dequantised, in place; returns the scheme's
+    name."""
+    layers = list(projections(model))
     if next(model.parameters()).device.type == "cuda":
         try:
             import bitsandbytes.functional as bnb
 
-            for module in model.modules():
-                if isinstance(module, torch.nn.Linear):
-                    packed, state = bnb.quantize_4bit(module.weight.data, quant_type="nf4")
-                    module.weight.data = bnb.dequantize_4bit(packed, state).to(module.weight.dtype)
+            for weight, transposed in layers:
+                rows = weight.data.t() if transposed else weight.data
+                packed, state = bnb.quantize_4bit(rows.contiguous(), quant_type="nf4")
+                held = bnb.dequantize_4bit(packed, state).to(weight.dtype)
+                weight.data = held.t().contiguous() if transposed else held
             return "nf4 (bitsandbytes)"
         except ImportError:
             pass  # fall through to the portable scheme, and say so
-    for module in model.modules():
-        if isinstance(module, torch.nn.Linear):
-            module.weight.data = rtn_int4(module.weight.data)
+    for weight, transposed in layers:
+        weight.data = rtn_int4(weight.data.t()).t().contiguous() if transposed else rtn_int4(weight.data)
     return f"int4 round-to-nearest, group {GROUP}"
 
 
@@ -53,11 +66,10 @@ def quantized_copy(model) -> tuple[object, str]:
 def quantized_in_place(model) -> Iterator[str]:
     """The model's linear layers held as a 4-bit deployment would hold them while the block runs, restored after: the
     originals wait in host memory, so no second copy of the model is made on its device."""
-    originals = {module: module.weight.data.to("cpu", copy=True) for module in model.modules()
-                 if isinstance(module, torch.nn.Linear)}
+    originals = [(weight, weight.data.to("cpu", copy=True)) for weight, _ in projections(model)]
     try:
         yield quantize_linears(model)
     finally:
         with torch.no_grad():
-            for module, weight in originals.items():
-                module.weight.data = weight.to(module.weight.device)
+            for weight, original in originals:
+                weight.data = original.to(weight.device)

@@ -39,6 +39,25 @@ def test_quantized_in_place_holds_the_copy_s_weights_while_it_runs_and_restores_
         assert torch.equal(v, before[k]), k
 
 
+def test_gpt2_s_conv1d_is_quantised_along_its_inputs_as_a_linear_layer_would_be():
+    """GPT-2 keeps its projections as Conv1D (weight inputs x outputs): a 4-bit deployment quantises them too, with
+    the groups along the inputs, which is the transpose of the weight as stored."""
+    from transformers.pytorch_utils import Conv1D
+    torch.manual_seed(0)
+    conv = Conv1D(7, 130)  # 130 inputs, 7 outputs
+    linear = torch.nn.Linear(130, 7, bias=False)
+    with torch.no_grad():
+        conv.weight.normal_()
+        linear.weight.copy_(conv.weight.t())
+    model = torch.nn.Sequential(conv, torch.nn.ReLU(), linear)
+    before = conv.weight.detach().clone()
+    with quantized_in_place(model):
+        assert torch.equal(conv.weight, rtn_int4(before.t()).t())
+        assert torch.equal(conv.weight.t(), linear.weight)  # the same weights, the same 4-bit values
+        assert not torch.equal(conv.weight, before)
+    assert torch.equal(conv.weight, before)
+
+
 @pytest.fixture(scope="module")
 def audited(fixture_model, forget_records, retain_records, people):
     outcome = run_unlearning(str(fixture_model), forget_records, retain_records,
