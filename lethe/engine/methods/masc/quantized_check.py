@@ -1,7 +1,9 @@
 """The served check's 4-bit reading (issue 28): the audit asks a 4-bit copy of the new version for greedy answers
 (its "quantized" channel, lethe.engine.audit.quantize), so the rule asks it too before it lets a run stop. A record
 whose 4-bit answer says one of its secrets stays open. Measured before this check: one llama seed of the customer
-benchmark stopped with every record erased in the saved copy while its 4-bit copy still said a phone number."""
+benchmark stopped with every record erased in the saved copy while its 4-bit copy still said a phone number. The
+leaking answer is then trained on as a sampled one is (Replays.keep_first_leaks): the full-precision policy's own
+answers are clean by then, so without it nothing trains the path the 4-bit copy takes."""
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -9,6 +11,8 @@ from typing import Any
 
 from lethe.engine.audit.quantize import quantized_in_place
 from lethe.engine.methods.masc.stop_rule import RecordCheck
+
+QUANTIZED = "quantized"  # the replayed example a 4-bit copy's leaking answer becomes (record id + "#quantized")
 
 
 def quantized_leaks(model: Any, checks: list[RecordCheck],

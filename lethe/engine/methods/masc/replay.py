@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from lethe.engine.data.records import TEMPLATE, EncodedRecord
@@ -61,8 +62,10 @@ class Replays:
         self.examples.update(fresh)
         return verdicts(answers, records, self.base_loops)
 
-    def judge(self, model: Any, records: list[EncodedRecord]) -> dict[str, tuple[bool, bool]]:
-        """Per record, whether the model's greedy answers leak or loop (nothing kept: a merged copy's check). Where
+    def judge(self, model: Any, records: list[EncodedRecord], keep_leaks: str | None = None
+              ) -> dict[str, tuple[bool, bool]]:
+        """Per record, whether the model's greedy answers leak or loop (nothing kept: a merged copy's check, unless
+        `keep_leaks` names the copy: then each record's first leaking answer is kept as a replay of that name). Where
         one teacher-forced pass shows the model would say the answer last asked of the policy again (greedy_agrees),
         that answer is judged; the records with any other answer are asked in full."""
         known = [(r, a) for r in records for kind in GREEDY if (a := self.greedy.get((r.id, kind))) is not None]
@@ -78,6 +81,8 @@ class Replays:
         answers += self.answering.ask(model, unsettled, GREEDY) if unsettled else []
         self.verified += len(records) - len(unsettled)
         self.generated += len(unsettled)
+        if keep_leaks is not None:
+            self.keep_first_leaks(answers, keep_leaks)
         return verdicts(answers, records, self.base_loops)
 
     def sample_leaks(self, model: Any, records: list[EncodedRecord], n: int) -> set[str]:
@@ -86,11 +91,18 @@ class Replays:
         confirmation finds another."""
         drawn = self.answering.samples(model, records, n, seed=self.seed * 7919 + 104729 + self.sampled)
         self.sampled += 1
+        return self.keep_first_leaks(drawn)
+
+    def keep_first_leaks(self, answers: list[Answer], name: str | None = None) -> set[str]:
+        """Each record's first leaking answer kept as a replayed example (under `name`, else its kind, in place of
+        the last one so named), trained on until another replaces it; returns the records' ids."""
         first: dict[str, Answer] = {}
-        for answer in drawn:
+        for answer in answers:
             if answer.leaked:
                 first.setdefault(answer.record_id, answer)
         examples = [self.answering.replay_example(a) for a in first.values()]
+        if name is not None:  # beside the policy's own answers of the same kind, which its refreshes replace
+            examples = [replace(e, id=f"{rid}#{name}") for rid, e in zip(first, examples)]
         if examples:
             self.answering.set_targets(examples, self.reference, self.device, draw=self.refreshes)
         for rid, example in zip(first, examples):

@@ -28,7 +28,7 @@ from lethe.engine.methods.masc.destination import Content, plan_contents, record
 from lethe.engine.methods.masc.neighbours import RetainSampler, nearest, neighbour_scores
 from lethe.engine.methods.masc.objective import Masc, checks_of
 from lethe.engine.methods.masc.params import MascParams
-from lethe.engine.methods.masc.quantized_check import quantized_leaks
+from lethe.engine.methods.masc.quantized_check import QUANTIZED, quantized_leaks
 from lethe.engine.methods.masc.replay import GREEDY, Replays
 from lethe.engine.methods.masc.schedule import Escalation, ForgetStream, pace_horizon
 from lethe.engine.methods.masc.stop_rule import (
@@ -186,17 +186,19 @@ class MascStopPolicy:
         return self.measure(self.confirm_set if len(self.confirm_set) <= size else self.rng.sample(self.confirm_set,
                                                                                                    size))
 
-    def with_answers(self, checks: list[RecordCheck], model: Any = None, every: bool = False) -> list[RecordCheck]:
+    def with_answers(self, checks: list[RecordCheck], model: Any = None, every: bool = False,
+                     keep_leaks: str | None = None) -> list[RecordCheck]:
         """The checks with what the model's own greedy answers say (content mode; a record that already fails is not
         asked and keeps no flag, unless `every`: the final report's); answers of a given `model` (a merged copy, or
-        the policy at the end) are only judged, the policy's otherwise also replayed."""
+        the policy at the end) are only judged (their leaks replayed under the name `keep_leaks` if given), the
+        policy's otherwise also replayed."""
         if self.replays is None:
             return checks
         asked = [self.by_record[c.id] for c in checks if every or self.erasure.holds(c)]
         if not asked:
             return checks
         # The policy's greedy answers only: a sample is judged by nobody, and the replay refreshes bring fresh ones.
-        said = self.replays.judge(model, asked) if model is not None else \
+        said = self.replays.judge(model, asked, keep_leaks) if model is not None else \
             self.replays.refresh(self.trainable.model, asked, GREEDY)
         return [replace(c, leaked=said.get(c.id, (False, False))[0], looped=said.get(c.id, (False, False))[1])
                 for c in checks]
@@ -241,7 +243,8 @@ class MascStopPolicy:
                     "answers_generated": replays.generated - before[1]} if replays is not None else {}
         quantized = {}
         if passed and replays is not None and self.params.confirm_quantized:  # the audit's 4-bit channel too
-            leaking, scheme = quantized_leaks(copy, served, self.with_answers)
+            leaking, scheme = quantized_leaks(copy, served,  # its leaking answers then replayed, as a sample's are
+                                              lambda cs, m: self.with_answers(cs, m, keep_leaks=QUANTIZED))
             served = [replace(c, leaked=True) if c.id in leaking else c for c in served]
             passed, _, failing = self.rule.passes(served)
             quantized = {"quantized": {"scheme": scheme, "leaking_ids": sorted(leaking)[:20]}}

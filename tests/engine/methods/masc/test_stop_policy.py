@@ -237,10 +237,16 @@ def test_a_record_whose_4_bit_copy_says_its_secret_keeps_training(tokenizer):
     assert check["quantized"] == {"scheme": "int4 round-to-nearest, group 128", "leaking_ids": [record.id]}
     assert rule.latest[record.id].leaked and rule.served is None
     assert torch.equal(served.head.weight, weights)  # the copy is restored, as it would be saved
+    # The 4-bit answer is trained on beside the policy's own (which is clean): its secret suppressed, its detour not.
+    [replayed] = [e for e in rule.replays.examples[record.id] if e.id == f"{record.id}#quantized"]
+    assert "Tallinn" in tokenizer.decode(replayed.input_ids[replayed.prompt_len:]) and replayed.target is not None
+    flagged = "".join(tokenizer.decode([t]) for t, f in zip(replayed.input_ids, replayed.focus) if f == SECRET)
+    assert "Tallinn" in flagged and "teal" not in flagged
     # In full precision the copy is clean: without the 4-bit reading the rule lets the run stop with it.
     off = rule_over(tokenizer, record, model, served=served, params=MascParams(confirm_quantized=False))
     assert off.rule.check(0, off.latest.all, off.confirm) is True and off.served is served
     assert "quantized" not in off.served_checks[-1]
+    assert not any(e.id.endswith("#quantized") for e in off.replays.examples.get(record.id, []))
 
 
 def test_an_end_of_sequence_flip_alone_does_not_satisfy_the_rule(tokenizer):
