@@ -65,7 +65,7 @@ def unlearn(model_source: str, inputs: RunInputs, *, params: SharedParams | None
     if params.whiten_updates:
         whiten_updates(trainable, lora_modules(trainable.model, params.lora_targets), run.retain,
                        run.tokenizer.pad_token_id, params.whiten_damping, params.eval_batch_size,
-                       guard=params.guard_erasures)
+                       guard=params.guard_erasures, guard_share=params.guard_share)
     objective = objective_class(params, trainable, run.tokenizer.pad_token_id)
     stop.start(objective)
     trained = train(objective, stop, trainable.trainable_parameters(), lr=params.lr,

@@ -65,6 +65,7 @@ class Workload:
     anchored: bool = False  # a fixed anchor version held for the retain term (issue 28): one more frozen copy
     whitened: bool = False  # whiten_updates: a float32 [in, in] inverse per distinct input (training.whitening)
     guarded: bool = False  # whitened and anchored with guard_erasures: training.erasure_guard's subspaces
+    guard_share: float = 0.25  # guard_share: the most of each input's width a guard subspace spans
 
 
 @dataclass
@@ -102,9 +103,10 @@ def static_bytes(shape: ModelShape, work: Workload) -> dict[str, int]:
     # c_attn and c_fc the same) and one intermediate-sized (down); projections reading the same input share one.
     inverses = 4 * shape.layers * (3 * shape.hidden ** 2 + shape.intermediate ** 2)
     whitening = {"input_whitening": inverses} if work.whitened else {}
-    # At most a quarter of each input's width protected: a float32 [in, in/4] basis per distinct input and an
-    # [out, in/4] product per projection (bounded by a quarter of the weights in float32).
-    guard = {"erasure_guard": inverses // 4 + shape.parameters} if work.whitened and work.guarded else {}
+    # At most guard_share s of each input's width protected: a float32 [in, s in] basis per distinct input and an
+    # [out, s in] product per projection (bounded by s of the weights in float32).
+    guard = {"erasure_guard": int(work.guard_share * (inverses + 4 * shape.parameters))} \
+        if work.whitened and work.guarded else {}
     return {"weights": shape.parameters * 4 // n, "gradients_and_optimiser": 12 * trained // n,
             "frozen_copy": shape.parameters * half // n, **anchor, **whitening, **guard}
 

@@ -142,6 +142,9 @@ class SharedParams:
                                        "erasures between the anchor and the start wrote into each projection, read "
                                        "from the weights (lethe.engine.training.erasure_guard), so that this run "
                                        "cannot bring an earlier erasure back")
+    guard_share: float = param(0.25, "guard_erasures: at most this share of each projection's input width is kept "
+                                     "off (larger: more of the earlier erasures kept, less room for this one's)",
+                               gt=0, le=1)
     max_length: int = param(0, "longest sequence in tokens; longer prompts lose tokens from the left", ge=0,
                             note="0: the model's context length")
     eval_batch_size: int = param(16, "records per forward pass when measuring", ge=1, le=4096)

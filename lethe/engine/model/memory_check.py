@@ -78,5 +78,6 @@ def plan_run(config, params: SharedParams, precision: Precision, forget: list[En
     work = Workload(dtype=precision.name, lora=precision.lora, train_rows=forget_rows + retain_rows,
                     eval_rows=params.eval_batch_size, max_tokens=longest,
                     gradient_checkpointing=params.gradient_checkpointing, shards=shards, anchored=anchored,
-                    whitened=params.whiten_updates, guarded=anchored and params.guard_erasures)
+                    whitened=params.whiten_updates, guarded=anchored and params.guard_erasures,
+                    guard_share=params.guard_share)
     return estimate(model_shape(config, params, objective), work, capacity)

@@ -94,7 +94,7 @@ def _project_back(weight: torch.Tensor, start_along: torch.Tensor, basis: torch.
 
 @torch.no_grad()
 def guard_erasures(modules: dict[str, torch.nn.Module], anchor: Any, moments: dict[str, torch.Tensor],
-                   damping: float) -> tuple[list[Callable[[], None]], dict]:
+                   damping: float, max_share: float = MAX_SHARE) -> tuple[list[Callable[[], None]], dict]:
     """The projections that keep a run off its lineage's earlier erasures (see the module's docstring): one callable
     per protected weight, run after every optimiser step, and a summary for the result (how many inputs, how many
     directions in all, how many inputs hit the max_share cap). No anchor, or no change since it: nothing."""
@@ -116,9 +116,9 @@ def guard_erasures(modules: dict[str, torch.nn.Module], anchor: Any, moments: di
         if not deltas:
             continue
         moment = moments[names[0]]
-        basis = protected_subspace(deltas, damped_inverse_root(moment, damping))
+        basis = protected_subspace(deltas, damped_inverse_root(moment, damping), max_share=max_share)
         inputs, directions = inputs + 1, directions + basis.shape[1]
-        capped += basis.shape[1] >= most_protected(moment.shape[0])
+        capped += basis.shape[1] >= most_protected(moment.shape[0], max_share)
         for name in names:
             module = modules[name]
             transposed = isinstance(module, Conv1D)
@@ -126,4 +126,4 @@ def guard_erasures(modules: dict[str, torch.nn.Module], anchor: Any, moments: di
             start_along = (basis.T @ weight.float()) if transposed else (weight.float() @ basis)
             constraints.append(_project_back(weight, start_along, basis, transposed))
     return constraints, {"inputs": inputs, "directions": directions, "capped": capped, "energy": ENERGY,
-                         "max_share": MAX_SHARE}
+                         "max_share": max_share}

@@ -21,7 +21,7 @@ from lethe.engine.contract.errors import EngineInputError
 from lethe.engine.data.records import EncodedRecord, batches
 from lethe.engine.model.loading import TrainableModel
 from lethe.engine.model.lora_targets import suffixes
-from lethe.engine.training.erasure_guard import guard_erasures
+from lethe.engine.training.erasure_guard import MAX_SHARE, guard_erasures
 
 
 @torch.no_grad()
@@ -83,12 +83,13 @@ def _weight_hook(inverse: torch.Tensor, transposed: bool) -> Callable[[torch.Ten
 
 
 def whiten_updates(trainable: TrainableModel, module_names: list[str], records: list[EncodedRecord], pad_id: int,
-                   damping: float, batch_size: int = 16, guard: bool = True) -> dict:
+                   damping: float, batch_size: int = 16, guard: bool = True, guard_share: float = MAX_SHARE) -> dict:
     """Train only the named projections (Linear, or GPT-2's Conv1D; other kinds of module are left out) of a full-mode
     trainable model, each on its whitened gradient (see the module's docstring), the second moments measured on
     `records` by the model as it starts. Returns (and keeps as `trainable.whitened`, for the result) which modules, how
     many projections, on how many records. `guard` (with the trainable's anchor): each step is also kept off the
-    input directions of the erasures between the anchor and the start (training.erasure_guard)."""
+    input directions of the erasures between the anchor and the start (training.erasure_guard), at most `guard_share`
+    of each input's width."""
     if trainable.lora or trainable.sharded:
         raise EngineInputError("whiten_updates needs full fine-tuning on one device (lora false, not sharded)",
                                field="whiten_updates")
@@ -115,7 +116,7 @@ def whiten_updates(trainable: TrainableModel, module_names: list[str], records: 
     trainable.whitened = {"modules": suffixes(list(modules)), "projections": len(modules), "inputs": len(inverses),
                           "records": len(records), "damping": damping}
     if guard:
-        constraints, guarded = guard_erasures(modules, trainable.anchor, moments, damping)
+        constraints, guarded = guard_erasures(modules, trainable.anchor, moments, damping, guard_share)
         trainable.constraints.extend(constraints)
         trainable.whitened["guarded"] = guarded
     return trainable.whitened

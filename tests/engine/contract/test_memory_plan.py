@@ -103,6 +103,8 @@ def test_static_parts_brute_force():
     assert guarded.parts["erasure_guard"] == 2 * (3 * 64 + 32 * 32) * 4 // 4 + 1000 * 4 // 4
     assert guarded.peak_bytes - whitened.peak_bytes == guarded.parts["erasure_guard"]
     assert "erasure_guard" not in estimate(shape, Workload("float32", False, 4, 8, 10, guarded=True)).parts
+    half = estimate(shape, Workload("float32", False, 4, 8, 10, whitened=True, guarded=True, guard_share=0.5))
+    assert half.parts["erasure_guard"] == 2 * (3 * 64 + 32 * 32) * 4 // 2 + 1000 * 4 // 2  # guard_share's width
     plain = estimate(shape, Workload("float32", True, 4, 8, 10))
     ckpt = estimate(shape, Workload("float32", True, 4, 8, 10, gradient_checkpointing=True))
     # Two blocks' activations become one block's plus the two blocks' inputs (40 tokens x 8 hidden x 4 bytes).

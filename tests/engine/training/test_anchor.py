@@ -43,8 +43,8 @@ def test_the_retain_term_measures_against_the_anchor(fixture_model, drifted, ret
         trainable.anchor = anchor
         z_anchor, _, _ = M.active_positions(
             anchor(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits, batch.labels)
-        # The reference: the anchor's logit for each retain token, the lower of the anchor's and the start's (pi_0's,
-        # here the policy's own) for every other token.
+        # The reference: where the start (pi_0, here the policy itself) gives a retain token less probability than
+        # the anchor, the anchor's logit for it and the lower of the two for every other token; elsewhere the start's.
         reference = M.lineage_reference(z_anchor, z, y)
         assert not torch.allclose(reference, M.centred(z_anchor))  # the start's lower logits do count
         expected = M.masked_kl(reference, z) \

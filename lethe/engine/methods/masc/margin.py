@@ -191,7 +191,12 @@ def lineage_reference(anchor_logits: torch.Tensor, start_logits: torch.Tensor, t
     for every other token. The retain records are pulled back to what the anchor said of them, and no other token is
     pulled above where the start has it: the anchor still knows what earlier runs of the lineage erased."""
     anchor, start = centred(anchor_logits.detach()), centred(start_logits.detach())
-    return torch.minimum(anchor, start).scatter(1, targets[:, None], anchor.gather(1, targets[:, None]))
+    mixed = torch.minimum(anchor, start).scatter(1, targets[:, None], anchor.gather(1, targets[:, None]))
+    # A row whose target the start holds at least as surely as the anchor has not drifted: it keeps the start's own
+    # row, and nothing there pulls towards what the anchor knows.
+    t = targets[:, None]
+    held = (F.log_softmax(start, -1).gather(1, t) >= F.log_softmax(anchor, -1).gather(1, t))
+    return torch.where(held, start, mixed)
 
 
 def target_divergence(logits: torch.Tensor, target_ids: torch.Tensor, target_probs: torch.Tensor) -> torch.Tensor:

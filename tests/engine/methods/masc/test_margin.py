@@ -181,20 +181,29 @@ def test_centred_logit_drift_against_a_loop_over_tokens(denied):
 
 
 def test_lineage_reference_against_a_loop_over_tokens():
-    """The anchor's centred logit for the target, the lower of the anchor's and the start's for every other token."""
+    """Where the start gives the target a lower probability than the anchor (it drifted): the anchor's centred logit
+    for the target, the lower of the anchor's and the start's for every other token. Elsewhere the start's own row."""
     torch.manual_seed(5)
     anchor, start = torch.randn(6, 9) * 3 + 4, torch.randn(6, 9) * 3 - 1
     anchor[1, 3] = float("-inf")  # denied by the anchor: stays denied
     y = torch.randint(0, 9, (6,))
     y[1] = 4
+    start[0, y[0]], anchor[0, y[0]] = 30.0, 0.0  # row 0: the start holds its target (it has not drifted there)
+    start[2, y[2]], anchor[2, y[2]] = -30.0, 30.0  # row 2: the start lost its target
     reference = M.lineage_reference(anchor, start, y)
+    held = []
     for i in range(6):
         finite = [v for v in range(9) if math.isfinite(anchor[i, v].item())]
         mean_a = sum(anchor[i, v].item() for v in finite) / len(finite)
         mean_s = sum(start[i, v].item() for v in range(9)) / 9
+        log_z_a = math.log(sum(math.exp(anchor[i, v].item()) for v in finite))
+        log_z_s = math.log(sum(math.exp(start[i, v].item()) for v in range(9)))
+        kept = start[i, y[i]].item() - log_z_s >= anchor[i, y[i]].item() - log_z_a
+        held.append(kept)
         for v in range(9):
             a, s = anchor[i, v].item() - mean_a, start[i, v].item() - mean_s
-            expected = a if v == y[i] else min(a, s)
+            expected = s if kept else a if v == y[i] else min(a, s)
             assert reference[i, v].item() == pytest.approx(expected, rel=1e-5, abs=1e-5)
+    assert held[0] and not held[2] and not all(held)  # both kinds of row are checked
     # A start equal to the anchor (a run from the anchor's own version) gives the anchor back, centred.
     assert torch.allclose(M.lineage_reference(start, start, y), start - start.mean(-1, keepdim=True), atol=1e-6)
