@@ -187,9 +187,11 @@ def centred(logits: torch.Tensor, kept: torch.Tensor | None = None) -> torch.Ten
 
 def lineage_reference(anchor_logits: torch.Tensor, start_logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """The retain term's reference on active rows [N, V] when a run starts from a later version of the anchor's
-    lineage (issue 28): the anchor's centred logit for each row's target, the lower of the anchor's and the start's
-    for every other token. The retain records are pulled back to what the anchor said of them, and no other token is
-    pulled above where the start has it: the anchor still knows what earlier runs of the lineage erased."""
+    lineage (issue 28). A row where the start gives the target less probability than the anchor (it drifted): the
+    anchor's centred logit for the target, the lower of the anchor's and the start's for every other token, so the
+    retain record is pulled back to what the anchor said of it and no other token above where the start has it. Any
+    other row: the start's own. The anchor still knows what earlier runs of the lineage erased; pulling every row to
+    it brought an earlier set's secret back on the chain (BENCHMARKS.md, "Which rows the anchor pulls")."""
     anchor, start = centred(anchor_logits.detach()), centred(start_logits.detach())
     mixed = torch.minimum(anchor, start).scatter(1, targets[:, None], anchor.gather(1, targets[:, None]))
     # A row whose target the start holds at least as surely as the anchor has not drifted: it keeps the start's own
