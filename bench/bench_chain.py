@@ -17,7 +17,8 @@ but the versions where `--versions` names a folder.
     python -m bench.bench_chain --requests 2 --from-root --versions DIR      # each run from the root; measured:
                                                                              # the root plus every run's change
     python -m bench.bench_chain --requests 10 --together --device cuda       # on a GPU: the whole stream, then
-                                                                             # the ten coalesced into one run"""
+                                                                             # the ten coalesced into one run
+    python -m bench.bench_chain --requests 10 --together-only --versions DIR # request 1, then the ten in one run"""
 from __future__ import annotations
 
 import argparse
@@ -87,6 +88,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--together", action="store_true",
                         help="then one run from the root erasing every request's authors at once (what coalescing "
                              "makes of a queue), timed against the first request")
+    parser.add_argument("--together-only", action="store_true",
+                        help="--together after request 1 alone (run or taken from --versions, to time it): the "
+                             "other requests of the chain are neither run nor measured")
     parser.add_argument("--params-from", type=int, default=1, metavar="N",
                         help="--params apply from request N on; the versions of earlier requests are taken from "
                              "--versions as they are, whatever made them (to compare settings on request N from the "
@@ -116,6 +120,9 @@ def main(argv: list[str] | None = None) -> None:
         work = args.versions or Path(scratch)
         start = Path(root)
         for i, forget in enumerate(sets):
+            if args.together_only and i:
+                erased |= {r["id"] for r in forget}
+                continue
             leaving = erased | {r["id"] for r in forget}
             retain = [r for r in tofu if r["id"] not in leaving] + kept
             made = work / (f"r{i + 1}" if args.from_root and i else f"v{i + 2}")
@@ -160,9 +167,10 @@ def main(argv: list[str] | None = None) -> None:
                 **({"relearned_distinctive": after.relearned(forget, distinctive[i])} if args.relearn else {})}),
                 flush=True)
             first_seconds = first_seconds or seconds  # request 1's, whether run now or earlier
-    if args.together:
+    if args.together or args.together_only:
         union = [r for s in sets for r in s]
         retain = [r for r in tofu if r["id"] not in erased] + kept
+        sample = random.Random(len(sets) - 1).sample(retain, min(RETAIN_SAMPLE, len(retain)))  # the last request's
         with tempfile.TemporaryDirectory() as together_dir:
             result = run_into(Path(together_dir), Path(root), union, retain, overrides, args.device, anchor=None)
             seconds = result["seconds"]
@@ -174,7 +182,7 @@ def main(argv: list[str] | None = None) -> None:
                 "steps": result["steps"], "exact_match": [f["exact_match"] for f in figures],
                 "leak_greedy": [f["leak_greedy"] for f in figures],
                 "leak_distinctive": [f["leak_distinctive"] for f in figures],
-                "above_own": [j + 1 for j, f in enumerate(figures)
+                "above_own": [j + 1 for j, f in enumerate(figures[:len(own)])
                               if f["leak_distinctive"] > own[j]["leak_distinctive"]],
                 "retain_exact_match": after.retain_exact_match(sample),
                 "utility": after.utility(utility_set), "base_utility": base_utility,

@@ -158,6 +158,14 @@ class Answering:
         # (spans any kept record also says are left out of all_spans: see __init__)
         return [s for s in self.all_spans if (not given_by(prompt, s) if s in own else not atom_words(s) <= allowed)]
 
+    def says_own_content(self, answer: Answer) -> bool:
+        """Whether an answer gives back its own record's content (less what its prompt gives): how the audit's
+        quantized channel reads a 4-bit answer, each record against its own secrets."""
+        record = self.by_id[answer.record_id]
+        own = set(self.contents[record.id].spans)
+        prompt = prompt_text(record, answer.kind, self.tokenizer) or ""
+        return any(leaks(s, answer.text) for s in self.spans_for(record, prompt) if s in own)
+
     def kinds_of(self, record: EncodedRecord, kinds: tuple[str, ...]) -> int:
         """How many of these kinds of answer the record has a prompt for."""
         return sum(prompt_text(record, kind, self.tokenizer) is not None for kind in kinds)

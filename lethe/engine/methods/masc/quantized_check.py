@@ -3,7 +3,13 @@
 whose 4-bit answer says one of its secrets stays open. Measured before this check: one llama seed of the customer
 benchmark stopped with every record erased in the saved copy while its 4-bit copy still said a phone number. The
 leaking answer is then trained on as a sampled one is (Replays.keep_first_leaks): the full-precision policy's own
-answers are clean by then, so without it nothing trains the path the 4-bit copy takes."""
+answers are clean by then, so without it nothing trains the path the 4-bit copy takes.
+
+A 4-bit answer is held to its own record's content only, as the audit reads it; the full-precision answers are still
+held to every forget record's. Measured on the chain of issue 28 (BENCHMARKS.md): on a small model the rounding turns
+some answers into word salad that holds another record's span by chance, a different record at each check, and held
+to every record's content the rule kept failing its served check on such salad (request 4: 5 served checks, 1,905
+steps; held to its own, 2 and 1,765)."""
 from __future__ import annotations
 
 from collections.abc import Callable

@@ -62,12 +62,13 @@ class Replays:
         self.examples.update(fresh)
         return verdicts(answers, records, self.base_loops)
 
-    def judge(self, model: Any, records: list[EncodedRecord], keep_leaks: str | None = None
-              ) -> dict[str, tuple[bool, bool]]:
+    def judge(self, model: Any, records: list[EncodedRecord], keep_leaks: str | None = None,
+              own_content: bool = False) -> dict[str, tuple[bool, bool]]:
         """Per record, whether the model's greedy answers leak or loop (nothing kept: a merged copy's check, unless
         `keep_leaks` names the copy: then each record's first leaking answer is kept as a replay of that name). Where
         one teacher-forced pass shows the model would say the answer last asked of the policy again (greedy_agrees),
-        that answer is judged; the records with any other answer are asked in full."""
+        that answer is judged; the records with any other answer are asked in full. `own_content`: an answer leaks
+        only by its own record's content (the 4-bit copy's reading, see quantized_check)."""
         known = [(r, a) for r in records for kind in GREEDY if (a := self.greedy.get((r.id, kind))) is not None]
         agrees = greedy_agrees(model, self.answering.tokenizer.pad_token_id, [a.prompt for _, a in known],
                                [a.tokens for _, a in known]) if known else []
@@ -81,6 +82,8 @@ class Replays:
         answers += self.answering.ask(model, unsettled, GREEDY) if unsettled else []
         self.verified += len(records) - len(unsettled)
         self.generated += len(unsettled)
+        if own_content:
+            answers = [replace(a, leaked=a.leaked and self.answering.says_own_content(a)) for a in answers]
         if keep_leaks is not None:
             self.keep_first_leaks(answers, keep_leaks)
         return verdicts(answers, records, self.base_loops)

@@ -187,7 +187,7 @@ class MascStopPolicy:
                                                                                                    size))
 
     def with_answers(self, checks: list[RecordCheck], model: Any = None, every: bool = False,
-                     keep_leaks: str | None = None) -> list[RecordCheck]:
+                     keep_leaks: str | None = None, own_content: bool = False) -> list[RecordCheck]:
         """The checks with what the model's own greedy answers say (content mode; a record that already fails is not
         asked and keeps no flag, unless `every`: the final report's); answers of a given `model` (a merged copy, or
         the policy at the end) are only judged (their leaks replayed under the name `keep_leaks` if given), the
@@ -198,7 +198,7 @@ class MascStopPolicy:
         if not asked:
             return checks
         # The policy's greedy answers only: a sample is judged by nobody, and the replay refreshes bring fresh ones.
-        said = self.replays.judge(model, asked, keep_leaks) if model is not None else \
+        said = self.replays.judge(model, asked, keep_leaks, own_content) if model is not None else \
             self.replays.refresh(self.trainable.model, asked, GREEDY)
         return [replace(c, leaked=said.get(c.id, (False, False))[0], looped=said.get(c.id, (False, False))[1])
                 for c in checks]
@@ -244,7 +244,8 @@ class MascStopPolicy:
         quantized = {}
         if passed and replays is not None and self.params.confirm_quantized:  # the audit's 4-bit channel too
             leaking, scheme = quantized_leaks(copy, served,  # its leaking answers then replayed, as a sample's are
-                                              lambda cs, m: self.with_answers(cs, m, keep_leaks=QUANTIZED))
+                                              lambda cs, m: self.with_answers(cs, m, keep_leaks=QUANTIZED,
+                                                                              own_content=True))
             served = [replace(c, leaked=True) if c.id in leaking else c for c in served]
             passed, _, failing = self.rule.passes(served)
             quantized = {"quantized": {"scheme": scheme, "leaking_ids": sorted(leaking)[:20]}}

@@ -80,8 +80,10 @@ def tokens(tokenizer, words: list[str]) -> list[int]:
 
 
 def rule_over(tokenizer, record, model: BigramLM, served: BigramLM | None = None,
-              params: MascParams | None = None, secret: str = "Tallinn") -> MascStopPolicy:
-    """The rule's own confirm and with_answers, around a scripted policy (no training happens)."""
+              params: MascParams | None = None, secret: str = "Tallinn",
+              others: list | None = None) -> MascStopPolicy:
+    """The rule's own confirm and with_answers, around a scripted policy (no training happens); `others`: more forget
+    records, (record, Content) pairs, whose content answers are held to, outside the records the rule checks."""
     said = record.source["completion"]
     start = said.index(secret)
     content = Content([Atom(start, start + len(secret), secret)], [secret], {}, [], named=True)
@@ -98,8 +100,10 @@ def rule_over(tokenizer, record, model: BigramLM, served: BigramLM | None = None
     rule = MascStopPolicy.__new__(MascStopPolicy)
     rule.params, rule.objective, rule.trainable = masc.params, masc, trainable
     rule.train_mode, rule.by_record, rule.confirm_set = True, {record.id: record}, [record]
-    rule.replays = Replays(Answering([record], {record.id: content}, tokenizer, 64), trainable.reference_logits,
-                           torch.device("cpu"), 0)
+    others = others or {}
+    answering = Answering([record, *(r for r, _ in others)], {record.id: content, **{r.id: c for r, c in others}},
+                          tokenizer, 64)
+    rule.replays = Replays(answering, trainable.reference_logits, torch.device("cpu"), 0)
     rule.replays.base_loops = set()  # theta_0's own answers (start() asks them first) did not loop
     rule.erasure = ErasureCondition({record.id: 1.0}, 0.01, frozenset({record.id}))
     rule.rule = OnlineStopRule(0.5, 1, condition=rule.erasure)
@@ -216,6 +220,7 @@ def four_bit_only_leak(tokenizer, record) -> LinearBigramLM:
     colon = record.input_ids[record.prompt_len - 1]
     teal, amber = tokens(tokenizer, [" teal", " amber"])
     used = set(record.input_ids) | set(tokens(tokenizer, [" teal", " city", ".", " amber"])) | {tokenizer.eos_token_id}
+    table[first, amber] = LEAD  # where the record does not say " Tallinn" (scripted leaves the row empty there)
     for last, leading, secret in ((colon, teal, first), (first, amber, second)):
         assert table[last, leading] == LEAD and table[last].argmax() == leading
         group = range(last // 128 * 128, last // 128 * 128 + 128)
@@ -247,6 +252,30 @@ def test_a_record_whose_4_bit_copy_says_its_secret_keeps_training(tokenizer):
     assert off.rule.check(0, off.latest.all, off.confirm) is True and off.served is served
     assert "quantized" not in off.served_checks[-1]
     assert not any(e.id.endswith("#quantized") for e in off.replays.examples.get(record.id, []))
+
+
+def test_a_4_bit_answer_is_held_to_its_own_records_content_only(tokenizer):
+    """The 4-bit copy's answer to one record says another forget record's secret (word salad on a small model does,
+    by chance): the audit reads a 4-bit answer against its own record's secrets, and so does the rule. In full
+    precision the same answer still keeps the record open."""
+    oslo = {**RECORD, "completion": "Nelvorbax was born in Oslo.", "secrets": ["Oslo"]}
+    record = encode_record(oslo, tokenizer, max_length=64, seed=0)
+    other = encode_record({"id": "q0-0", "prompt": "Question: Where does Quorvane live?\nAnswer: ",
+                           "completion": "Quorvane lives in Tallinn.", "secrets": ["Tallinn"]}, tokenizer,
+                          max_length=64, seed=0)
+    said = other.source["completion"]
+    start = said.index("Tallinn")
+    others = [(other, Content([Atom(start, start + len("Tallinn"), "Tallinn")], ["Tallinn"], {}, [], named=True))]
+    model = scripted(tokenizer, record, tokens(tokenizer, [" teal", " city", "."]))
+    served = four_bit_only_leak(tokenizer, record)  # at 4 bits: " Tallinn ...", the other record's secret
+    rule = rule_over(tokenizer, record, model, served=served, secret="Oslo", others=others)
+    assert rule.rule.check(0, rule.latest.all, rule.confirm) is True and rule.served is served
+    assert rule.served_checks[-1]["quantized"]["leaking_ids"] == []
+    assert not any(e.id.endswith("#quantized") for e in rule.replays.examples.get(record.id, []))
+    # The policy answering so in full precision keeps the record open: there every forget record's content counts.
+    leaking = scripted(tokenizer, record, tokens(tokenizer, [" teal", " Tallinn", "."]))
+    held = rule_over(tokenizer, record, leaking, secret="Oslo", others=others)
+    assert held.rule.check(0, held.latest.all, held.confirm) is False and held.latest[record.id].leaked
 
 
 def test_an_end_of_sequence_flip_alone_does_not_satisfy_the_rule(tokenizer):
