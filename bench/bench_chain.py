@@ -171,10 +171,15 @@ def main(argv: list[str] | None = None) -> None:
         union = [r for s in sets for r in s]
         retain = [r for r in tofu if r["id"] not in erased] + kept
         sample = random.Random(len(sets) - 1).sample(retain, min(RETAIN_SAMPLE, len(retain)))  # the last request's
-        with tempfile.TemporaryDirectory() as together_dir:
-            result = run_into(Path(together_dir), Path(root), union, retain, overrides, args.device, anchor=None)
+        with tempfile.TemporaryDirectory() as scratch:
+            together_dir = args.versions / "together" if args.versions else Path(scratch)  # kept with its evidence
+            if not (together_dir / RUN_FILE).exists():
+                run_into(together_dir, Path(root), union, retain, overrides, args.device, anchor=None)
+            result = json.loads((together_dir / RUN_FILE).read_text())
+            if result["params"] != overrides:
+                raise SystemExit(f"{together_dir} was made with {result['params']}, not {overrides}")
             seconds = result["seconds"]
-            after = Measurer(Path(together_dir), measure_on)
+            after = Measurer(together_dir, measure_on)
             figures = [after.erased(s, secrets[j], distinctive[j]) for j, s in enumerate(sets)]
             print(json.dumps({
                 "together": len(sets), "params": overrides, "seconds": round(seconds, 1),

@@ -109,7 +109,7 @@ class MascParams(SharedParams):
     confirm_quantized: bool = param(True, "content: the rule also asks the copy it would save, held at 4 bits as the "
                                           "audit's quantized channel holds it (NF4 on CUDA, int4 round-to-nearest "
                                           "elsewhere), for greedy answers once everything else passes; a record whose "
-                                          "4-bit answer says one of its secrets stays open")
+                                          "4-bit answer says its own content stays open")
     # Sampling: retain batches lean towards the forget set's nearest neighbours (lethe.engine.methods.masc.neighbours).
     retain_batch_size: int = param(0, "retain records per step", ge=0, le=4096, note="0: batch_size")
     neighbour_share: float = param(0.5, "share of retain rows drawn from the forget set's nearest neighbours",

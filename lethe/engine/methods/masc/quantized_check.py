@@ -8,8 +8,8 @@ answers are clean by then, so without it nothing trains the path the 4-bit copy 
 A 4-bit answer is held to its own record's content only, as the audit reads it; the full-precision answers are still
 held to every forget record's. Measured on the chain of issue 28 (BENCHMARKS.md): on a small model the rounding turns
 some answers into word salad that holds another record's span by chance, a different record at each check, and held
-to every record's content the rule kept failing its served check on such salad (request 4: 5 served checks, 1,905
-steps; held to its own, 2 and 1,765)."""
+to every record's content the rule kept failing its served check on such salad (requests 1 and 2: 5 and 3 served
+checks, 745 and 1,325 steps; held to its own, 2 and 1, 590 and 835)."""
 from __future__ import annotations
 
 from collections.abc import Callable
