@@ -1,8 +1,9 @@
 """The retrain reference of the chain (issue 28): the sequential fixture trained again without the first n requests'
 sets, as a model that never saw them, and what it says on each of them, measured as bench.bench_chain measures an
-erased set. A set that comes back after later requests (BENCHMARKS.md, "Headroom at the stop") reads differently
-when a model that never saw it says the same: that answer is what the kept records teach about the slot, not a
-trace of the erased one. The reference is cached beside the fixture (minutes to build).
+erased set. An earlier set that comes back after later requests is the erased set returning where this reference
+does not say it, and what the kept records teach about the slot where it does (measured: it gives set 1's
+"civil engineer" P 7e-6; BENCHMARKS.md, "The 4-bit answers held to their own record"). The reference is cached
+beside the fixture (minutes to build).
 
     python -m bench.chain_reference --requests 4
     python -m bench.record_probability tofu-3602 civil bench/.fixtures/mini-tofu-sequential-without-4"""
