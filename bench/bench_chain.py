@@ -34,6 +34,7 @@ import torch
 from bench.bench_one_request import changed_answers
 from bench.bench_sequential import PAIRS, Measurer, regressed, sequential_records, set_secrets
 from bench.mini_tofu import fixture, tofu_records
+from lethe.engine.contract.record_checks import REQUEST
 from lethe.engine.methods import get_method
 from lethe.engine.unlearn import run_unlearning
 
@@ -168,7 +169,8 @@ def main(argv: list[str] | None = None) -> None:
                 flush=True)
             first_seconds = first_seconds or seconds  # request 1's, whether run now or earlier
     if args.together or args.together_only:
-        union = [r for s in sets for r in s]
+        # Each pair names its request, as the service's coalesced run names each member's job (runs.union_records).
+        union = [{**r, REQUEST: f"request-{j + 1}"} for j, s in enumerate(sets) for r in s]
         retain = [r for r in tofu if r["id"] not in erased] + kept
         sample = random.Random(len(sets) - 1).sample(retain, min(RETAIN_SAMPLE, len(retain)))  # the last request's
         with tempfile.TemporaryDirectory() as scratch:

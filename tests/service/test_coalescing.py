@@ -6,11 +6,11 @@ from datetime import timedelta
 
 import pytest
 
-from lethe.engine.contract.record_checks import normalise_records
+from lethe.engine.contract.record_checks import REQUEST, normalise_records
 from lethe.engine.job_spec import JobSpec
 from lethe.service.domain.jobs import new_job, without_forget
 from lethe.service.domain.lineage import get_version
-from lethe.service.domain.runs import union_retain
+from lethe.service.domain.runs import union_records, union_retain
 from lethe.service.infra.db import session_scope
 from lethe.service.infra.tables import Job, Model, ModelVersion, utcnow
 from lethe.worker.runner import run
@@ -148,6 +148,13 @@ def test_the_retain_records_of_a_run_are_each_text_once_and_never_a_forget_recor
                                           {"id": "z", "prompt": "Q3", "completion": "A3"}])
     forget = [{"id": "job_2/f", "prompt": "Q2", "completion": "A2"}]
     assert [r["id"] for r in union_retain([one, two], forget)] == ["job_1/x", "job_2/z"]
+
+
+def test_each_forget_record_of_a_run_names_its_request_so_its_answers_are_held_to_that_requests_content():
+    one = Job(id="job_1", forget_records=[{"id": "a", "prompt": "Q1", "completion": "A1", "request": "mine"}])
+    two = Job(id="job_2", forget_records=[{"id": "a", "prompt": "Q2", "completion": "A2"}])
+    union = normalise_records(union_records([one, two], "forget_records"), "forget")  # as the worker reads them
+    assert [(r["id"], r[REQUEST]) for r in union] == [("job_1/a", "job_1"), ("job_2/a", "job_2")]
 
 
 def test_coalescing_through_the_worker_with_opt_out_and_idempotent_resubmission(client, worker, registered_model,

@@ -15,6 +15,10 @@ TOFU_FIELDS = {"question": "prompt", "answer": "completion", "paraphrased_questi
 
 
 LIST_FIELDS = ("perturbed_completions", "perturbed_answers", "secrets")  # a CSV cell holds them as a JSON list
+# The erasure request a forget record belongs to, where one run erases several (a coalesced run, issue 28): the stop
+# rule holds a record's answers to its own request's records' content, as that request's own run would. Records that
+# name none form one request.
+REQUEST = "request"
 
 
 def read_records(path: str | Path) -> list[dict]:
@@ -93,6 +97,9 @@ def normalise_records(records, what: str, *, allow_empty: bool = False) -> list[
             # The engine's own marks (a window's token ids, a chat rendering) never come from a request.
             raise EngineInputError(f"{name}: field {internal[0]!r} is not a record field (names starting with _ are "
                                    "the engine's)", field=what)
+        if REQUEST in record and (not isinstance(record[REQUEST], str) or not record[REQUEST]):
+            raise EngineInputError(f"{name}: {REQUEST} must be a non-empty string (the erasure request the record "
+                                   "belongs to)", field=what)
         secrets = record.get("secrets")
         if secrets is not None and (not isinstance(secrets, list)
                                     or not all(isinstance(x, str) and x.strip() for x in secrets)):

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from sqlalchemy import and_, or_, select
 from sqlalchemy.orm import Session
 
+from lethe.engine.contract.record_checks import REQUEST
 from lethe.service.domain.jobs import acquire_lease, log_state, record_content, transition
 from lethe.service.infra.tables import Job, RetrainReference, utcnow
 
@@ -100,8 +101,10 @@ def join(session: Session, leader: Job, jobs: list[Job], owner: str, lease_secon
 
 
 def union_records(members: list[Job], field: str) -> list[dict]:
-    """The members' records of one set (forget_records, holdout_records) with ids prefixed by their job's."""
-    return [{**record, "id": member_prefix(job.id) + str(record["id"])}
+    """The members' records of one set (forget_records, holdout_records) with ids prefixed by their job's, each
+    naming its job as its request (record_checks.REQUEST): the stop rule holds a record's answers to its own
+    request's content, as that request's own run would."""
+    return [{**record, "id": member_prefix(job.id) + str(record["id"]), REQUEST: job.id}
             for job in members for record in (getattr(job, field) or [])]
 
 

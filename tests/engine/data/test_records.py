@@ -72,6 +72,7 @@ def test_collate_masks_padding(tokenizer):
     # The engine's own marks (a window's token ids, a chat rendering) are not a request's to set.
     ([{"id": "r", "text": "a b", "_tokens": [1, 2]}], "'_tokens' is not a record field"),
     ([{"id": "r", "prompt": "Q", "completion": "A", "_chat": True}], "'_chat' is not a record field"),
+    ([{"id": "r", "prompt": "Q", "completion": "A", "request": 7}], "request must be a non-empty string"),
 ])
 def test_bad_records_are_refused_by_name(records, message):
     with pytest.raises(EngineInputError, match=message):

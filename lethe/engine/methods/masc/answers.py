@@ -1,7 +1,7 @@
 """The model's own answers to the forget prompts (SPEC section 3): what the stop rule reads (an answer that gives
-any forget record's content back, or loops, keeps its record open) and what training replays. Teacher forcing
-trains on the true text only; once a greedy answer leaves it, the model runs on states nobody trained, and these
-answers are those states.
+the content of any forget record of its request back, or loops, keeps its record open) and what training replays.
+Teacher forcing trains on the true text only; once a greedy answer leaves it, the model runs on states nobody
+trained, and these answers are those states.
 
 A replayed answer is a training example whose active tokens are the answer's: SECRET on the tokens that give
 content back, LOOP on the tokens that repeat what the answer already said when it loops, TEMPLATE on the others,
@@ -20,6 +20,7 @@ import torch
 
 from lethe.engine.audit.metrics.degeneration import is_loop, repeated_positions
 from lethe.engine.contract.chat_format import RENDERED
+from lethe.engine.contract.record_checks import REQUEST
 from lethe.engine.data.counterfactual import body
 from lethe.engine.data.records import IGNORE, LOOP, SECRET, SUPPRESS, TEMPLATE, EncodedRecord, collate
 from lethe.engine.data.secrets import digits_can_leak, digits_leak, head_regions, leaks, long_digit_groups, normalised
@@ -124,8 +125,14 @@ def answer_flags(tokenizer, tokens: list[int], text: str, spans: list[str], cont
     return flags
 
 
+def request_of(record: EncodedRecord) -> str | None:
+    """The erasure request a record belongs to (record_checks.REQUEST; None: the run's one request)."""
+    return record.source.get(REQUEST)
+
+
 class Answering:
-    """Asks the model for its answers to the forget records' prompts and judges them against every record's content."""
+    """Asks the model for its answers to the forget records' prompts and judges them against the content of every
+    record of their request (all of the run's, unless records name their requests: a coalesced run)."""
 
     def __init__(self, records: list[EncodedRecord], contents: dict[str, Content], tokenizer, max_length: int,
                  template: AbstractSet[str] = frozenset(), kept_texts: list[str] | None = None):
@@ -136,11 +143,20 @@ class Answering:
         self.contents, self.tokenizer, self.max_length = contents, tokenizer, max_length
         self.budget = answer_budget(records, max_length)
         kept = kept_texts or []
-        self.all_spans = list(dict.fromkeys(s for c in contents.values() for s in c.spans
-                                            if not any(leaks(s, t) for t in kept)))
+        said_elsewhere = {s for s in {s for c in contents.values() for s in c.spans} if any(leaks(s, t) for t in kept)}
         kept_words = {w for t in kept for w in atom_words(t)}
-        self.content_words = {w for c in contents.values() for a in c.atoms if not a.is_number
-                              for w in normalised(a.text).split()} - kept_words
+        # Per request: in a coalesced run an answer is held to its own request's records' content, as that request's
+        # own run would hold it; holding 400 records' answers to one another's content kept 373 of them open on
+        # mini-TOFU, where the ten requests alone each stopped by the rule.
+        members: dict[str | None, list[Content]] = {}
+        for record in records:
+            if record.id in contents:
+                members.setdefault(request_of(record), []).append(contents[record.id])
+        self.spans_of = {request: list(dict.fromkeys(s for c in group for s in c.spans if s not in said_elsewhere))
+                         for request, group in members.items()}
+        self.content_words_of = {request: {w for c in group for a in c.atoms if not a.is_number
+                                           for w in normalised(a.text).split()} - kept_words
+                                 for request, group in members.items()}
 
     def allowed_words(self, record: EncodedRecord, prompt: str) -> set[str]:
         """Words an answer to this record may say whoever's content they are elsewhere: its prompt's, and its own
@@ -155,8 +171,9 @@ class Answering:
         and every other record's whose words are not all allowed to this record."""
         own = set(self.contents[record.id].spans)
         allowed = self.allowed_words(record, prompt)
-        # (spans any kept record also says are left out of all_spans: see __init__)
-        return [s for s in self.all_spans if (not given_by(prompt, s) if s in own else not atom_words(s) <= allowed)]
+        # (spans any kept record also says are left out of spans_of: see __init__)
+        return [s for s in self.spans_of.get(request_of(record), [])
+                if (not given_by(prompt, s) if s in own else not atom_words(s) <= allowed)]
 
     def says_own_content(self, answer: Answer) -> bool:
         """Whether an answer gives back its own record's content (less what its prompt gives): how the audit's
@@ -226,7 +243,8 @@ class Answering:
         text = prompt_text(record, answer.kind, self.tokenizer) or ""
         spans = self.spans_for(record, text)
         flags = answer_flags(self.tokenizer, answer.tokens, answer.text, spans,
-                             self.content_words - self.allowed_words(record, text), self.template)
+                             self.content_words_of.get(request_of(record), set()) - self.allowed_words(record, text),
+                             self.template)
         return EncodedRecord(id=f"{record.id}#{answer.kind}", input_ids=answer.prompt + answer.tokens,
                              labels=[IGNORE] * len(answer.prompt) + answer.tokens, prompt_len=len(answer.prompt),
                              source=record.source, focus=[SUPPRESS] * len(answer.prompt) + flags)

@@ -47,8 +47,9 @@ CONTENT_CONDITION = ("stop when, for every forget record i, greedy decoding does
                      "of sequence aside, within greedy_margin logits); where its content is located, no content "
                      "span is said whole with probability above its limit, none is greedy-decoded given the text "
                      "before it (within greedy_margin), and the model's own greedy answers to its prompt and to its "
-                     "paraphrased prompt give no forget record's content back and do not loop (these replace its "
-                     "ceiling and its share in the mean); elsewhere v_i <= c_i, and V = the mean of v_i over those "
+                     "paraphrased prompt give back no content of a forget record of its request (every forget "
+                     "record, unless they name their requests) and do not loop (these replace its ceiling and its "
+                     "share in the mean); elsewhere v_i <= c_i, and V = the mean of v_i over those "
                      "records <= alpha; checked again on the merged checkpoint in its saved dtype, where also "
                      "none of confirm_samples samples (temperature 1) of its answer to its prompt gives back 4 or "
                      "more digits in a row of one of its content numbers that no kept record says")

@@ -8,7 +8,8 @@ The rule stops at the first confirmation where, measured on every record of D_va
                        and    p_i <= p_max       (no content span of it is sampled whole with probability > p_max)
                        and    g_i = 0            (nor greedy-decoded whole, given the text before it)
                        and    l_i = 0            (its own greedy answers, to the prompt and to the paraphrase,
-                                                  give no forget record's content back)
+                                                  give back no content of a forget record
+                                                  of its request)
                        and    o_i = 0            (and do not loop)
 
 Where a record's content is located (suppress "content"), its content conditions replace both its

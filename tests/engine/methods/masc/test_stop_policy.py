@@ -278,6 +278,30 @@ def test_a_4_bit_answer_is_held_to_its_own_records_content_only(tokenizer):
     assert held.rule.check(0, held.latest.all, held.confirm) is False and held.latest[record.id].leaked
 
 
+@pytest.mark.parametrize("requests, stops", [(("a", "a"), False), (("a", "b"), True), ((None, None), False)])
+def test_in_a_coalesced_run_an_answer_is_held_to_its_own_requests_content(tokenizer, requests, stops):
+    """One run erasing two requests' records (issue 28): an answer that says a record of the same request's secret
+    keeps its record open, as that request's own run would; one that says another request's does not, as the
+    requests run one after another would not hold it either. Records that name no request are one request."""
+    def named(source, request):
+        return {**source, "request": request} if request else source
+
+    mine, theirs = requests
+    record = encode_record(named({**RECORD, "completion": "Nelvorbax was born in Oslo.", "secrets": ["Oslo"]}, mine),
+                           tokenizer, max_length=64, seed=0)
+    other = encode_record(named({"id": "q0-0", "prompt": "Question: Where does Quorvane live?\nAnswer: ",
+                                 "completion": "Quorvane lives in Tallinn.", "secrets": ["Tallinn"]}, theirs),
+                          tokenizer, max_length=64, seed=0)
+    start = other.source["completion"].index("Tallinn")
+    others = [(other, Content([Atom(start, start + len("Tallinn"), "Tallinn")], ["Tallinn"], {}, [], named=True))]
+    leaking = scripted(tokenizer, record, tokens(tokenizer, [" teal", " Tallinn", "."]))
+    rule = rule_over(tokenizer, record, leaking, secret="Oslo", others=others)
+    assert rule.rule.check(0, rule.latest.all, rule.confirm) is stops
+    assert rule.latest[record.id].leaked is not stops
+    spans = rule.replays.answering.spans_for(record, record.source["prompt"])
+    assert ("Tallinn" in spans) is not stops and "Oslo" in spans  # its own content counts whatever the requests
+
+
 def test_an_end_of_sequence_flip_alone_does_not_satisfy_the_rule(tokenizer):
     record = encode_record(RECORD, tokenizer, max_length=64, seed=0)
     vocab = len(tokenizer)
