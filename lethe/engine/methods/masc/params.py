@@ -96,7 +96,9 @@ class MascParams(SharedParams):
                                   "(greedy to the prompt and to its paraphrase, one sample)", ge=0, note="0: off")
     # Generation is what replays cost: 32 records a refresh spent more than half of a mini-TOFU run answering.
     replay_records: int = param(8, "open forget records whose prompts are answered at each refresh (every record "
-                                   "is answered once at the start and at each confirmation)", ge=1, le=4096)
+                                   "is answered once at the start and at each confirmation); more, up to a fifth of "
+                                   "the forget set, where that many are held open by their answers alone",
+                                ge=1, le=4096)
     # Issue 28: greedy answers alone let partial numbers through ("+35 726 9280862" for "+30 726 9280862": the first
     # digits suppressed, the rest said after them), which the audit's ten samples per prompt found.
     confirm_samples: int = param(32, "the rule: samples (temperature 1) per forget prompt drawn from the model as it "

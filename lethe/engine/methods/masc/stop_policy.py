@@ -32,45 +32,20 @@ from lethe.engine.methods.masc.quantized_check import QUANTIZED, quantized_leaks
 from lethe.engine.methods.masc.replay import GREEDY, Replays
 from lethe.engine.methods.masc.schedule import Escalation, ForgetStream, pace_horizon
 from lethe.engine.methods.masc.stop_rule import (
+    CONDITION,
+    CONTENT_CONDITION,
     ErasureCondition,
     OnlineStopRule,
     RecordCheck,
     RecordStates,
     mean_violation,
 )
+from lethe.engine.methods.masc.validation_split import split_validation
 from lethe.engine.training.result import Measured, RuleEvidence
 from lethe.engine.training.setup import Prepared
 
-CONDITION = ("stop when V = mean_i v_i <= alpha and, for every forget record i, v_i <= c_i (its ceiling) and "
-             "greedy decoding does not reproduce it (some active token is not the argmax)")
-CONTENT_CONDITION = ("stop when, for every forget record i, greedy decoding does not reproduce its words (the end "
-                     "of sequence aside, within greedy_margin logits); where its content is located, no content "
-                     "span is said whole with probability above its limit, none is greedy-decoded given the text "
-                     "before it (within greedy_margin), and the model's own greedy answers to its prompt and to its "
-                     "paraphrased prompt give back no content of a forget record of its request (every forget "
-                     "record, unless they name their requests) and do not loop (these replace its ceiling and its "
-                     "share in the mean); elsewhere v_i <= c_i, and V = the mean of v_i over those "
-                     "records <= alpha; checked again on the merged checkpoint in its saved dtype, where also "
-                     "none of confirm_samples samples (temperature 1) of its answer to its prompt gives back 4 or "
-                     "more digits in a row of one of its content numbers that no kept record says")
-
-
-def split_validation(forget: list[EncodedRecord], params: MascParams) -> tuple[list, list, dict]:
-    """D_val: every forget record (train mode, the default), or a seeded holdout kept out of training."""
-    n = len(forget)
-    if params.val_mode == "train":
-        return forget, forget, {"mode": "train", "n_train": n, "n_val": n}
-    n_val = max(params.holdout_min, round(params.holdout_fraction * n))
-    if n - n_val >= params.holdout_min:
-        order = list(range(n))
-        random.Random(params.seed).shuffle(order)
-        val = [forget[i] for i in sorted(order[:n_val])]
-        train = [forget[i] for i in sorted(order[n_val:])]
-        return train, val, {"mode": "holdout", "n_train": len(train), "n_val": len(val),
-                            "never_trained": [r.id for r in val]}
-    return forget, forget, {"mode": "train", "n_train": n, "n_val": n,
-                            "reason": f"forget set of {n} records is too small to hold out {n_val} and keep "
-                                      f"{params.holdout_min} for training; D_val is the training forget set"}
+REFRESHED = 64  # records a replay refresh measures again (a bounded cost, whatever the forget set)
+REPLAY_SHARE = 0.2  # of the forget set, the most a refresh asks: at replay_every 20, each record every 100 steps
 
 
 class MascStopPolicy:
@@ -95,6 +70,7 @@ class MascStopPolicy:
         self.judged_mean: float | None = None  # the mean the rule judges, refreshed once per step (see is_open)
         self.stop_check_seconds, self.repair_steps, self.calibration_seconds = 0.0, 0, 0.0
         self.chosen: list[EncodedRecord] = []
+        self.refreshed_at: dict[str, int] = {}  # the step at which a closed record was last measured by a refresh
 
     def start(self, objective: Objective) -> None:
         """theta_0 (no step taken yet): each record's content and destinations, the rule's targets, and every
@@ -291,15 +267,8 @@ class MascStopPolicy:
             if params.replay_every and step and step % params.replay_every == 0:
                 t0 = time.perf_counter()
                 if self.train_mode:
-                    # Every record measured again: one closed a while ago and trained no more drifts back as the
-                    # retain term pulls towards theta_0 (on mini-TOFU 39 closed records came back while one stayed
-                    # open for 250 steps), and must open again.
-                    self.latest.update([replace(c, leaked=self.latest[c.id].leaked, looped=self.latest[c.id].looped)
-                                        for c in self.measure(self.run.forget)])
-                # The records open now (a closed one is asked again at the confirmation), a seeded sample of them;
-                # never one held out (holdout mode): its answers would train it.
-                open_records = [r for r in self.train_set if not self.train_mode or self.is_open(r.id)]
-                asked = rng.sample(open_records, min(len(open_records), params.replay_records))
+                    self.remeasure(step)
+                asked = self.to_ask(rng)
                 said = self.replays.refresh(self.trainable.model, asked) if asked else {}
                 if self.train_mode:  # fresh flags: one kept from the last confirmation would keep the trigger shut
                     self.latest.update([replace(self.latest[rid], leaked=leaked, looped=looped)
@@ -313,6 +282,42 @@ class MascStopPolicy:
             if self.sampler else None
         self.chosen = chosen
         yield forget_batch, retain_batch
+
+    def remeasure(self, step: int) -> list[EncodedRecord]:
+        """Records measured again at a refresh: a record closed a while ago and trained no more drifts back as the
+        retain term pulls towards theta_0 (on mini-TOFU 39 closed records came back while one stayed open for 250
+        steps), and must open again. At most REFRESHED a refresh, so that the cost does not grow with the forget set
+        (measuring all 400 records of ten coalesced requests at every refresh spent a third of that run): every record
+        where there are no more, else closed ones first (an open one is measured by its next training pass), those
+        measured longest ago first."""
+        chosen = set(sorted((r.id for r in self.run.forget),
+                            key=lambda rid: (self.is_open(rid), self.refreshed_at.get(rid, -1)))[:REFRESHED])
+        self.refreshed_at.update({rid: step for rid in chosen})
+        records = [r for r in self.run.forget if r.id in chosen]  # in the run's order: the same batches as before
+        self.latest.update([replace(c, leaked=self.latest[c.id].leaked, looped=self.latest[c.id].looped)
+                            for c in self.measure(records)])
+        return records
+
+    def to_ask(self, rng: random.Random) -> list[EncodedRecord]:
+        """The records a refresh asks for their answers: a seeded sample of replay_records open ones (a closed one is
+        asked again at the confirmation; never one held out, in holdout mode: its answers would train it), then, in a
+        forget set of more than 5 x replay_records, more of those its answers alone hold open, up to a fifth of the set
+        in all: their flags are all that keeps the rule from firing, and a flag is only as fresh as the record's last
+        answers (ten coalesced requests asked 8 of 400 records a refresh, each about twice in 2,000 steps, and at
+        step 2,000 held 284 open on leaking answers)."""
+        open_records = [r for r in self.train_set if not self.train_mode or self.is_open(r.id)]
+        asked = rng.sample(open_records, min(len(open_records), self.params.replay_records))
+        more = math.ceil(REPLAY_SHARE * len(self.train_set)) - len(asked)
+        if self.train_mode and more > 0:
+            chosen = {r.id for r in asked}
+            held = [r for r in open_records if r.id not in chosen and self.held_by_answers(r.id)]
+            asked += rng.sample(held, min(len(held), more))
+        return asked
+
+    def held_by_answers(self, rid: str) -> bool:
+        """Open only because its latest greedy answers leaked or looped: every teacher-forced condition holds."""
+        check = self.latest[rid]
+        return (check.leaked or check.looped) and self.erasure.holds(replace(check, leaked=False, looped=False))
 
     def observe(self, objective: Masc) -> None:
         """The training pass measured the chosen records on the weights before its step: their new state."""

@@ -33,6 +33,19 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+CONDITION = ("stop when V = mean_i v_i <= alpha and, for every forget record i, v_i <= c_i (its ceiling) and "
+             "greedy decoding does not reproduce it (some active token is not the argmax)")
+CONTENT_CONDITION = ("stop when, for every forget record i, greedy decoding does not reproduce its words (the end "
+                     "of sequence aside, within greedy_margin logits); where its content is located, no content "
+                     "span is said whole with probability above its limit, none is greedy-decoded given the text "
+                     "before it (within greedy_margin), and the model's own greedy answers to its prompt and to its "
+                     "paraphrased prompt give back no content of a forget record of its request (every forget "
+                     "record, unless they name their requests) and do not loop (these replace its ceiling and its "
+                     "share in the mean); elsewhere v_i <= c_i, and V = the mean of v_i over those "
+                     "records <= alpha; checked again on the merged checkpoint in its saved dtype, where also "
+                     "none of confirm_samples samples (temperature 1) of its answer to its prompt gives back 4 or "
+                     "more digits in a row of one of its content numbers that no kept record says")
+
 FAILING_IDS_SHOWN = 20  # a trace entry names at most this many failing records (and counts them all)
 TOLERANCE = 1e-6  # a float32 share against a target computed in float64 another way (10/17 against 1 - 7/17)
 
