@@ -146,8 +146,8 @@ class Answering:
         said_elsewhere = {s for s in {s for c in contents.values() for s in c.spans} if any(leaks(s, t) for t in kept)}
         kept_words = {w for t in kept for w in atom_words(t)}
         # Per request: in a coalesced run an answer is held to its own request's records' content, as that request's
-        # own run would hold it; holding 400 records' answers to one another's content kept 373 of them open on
-        # mini-TOFU, where the ten requests alone each stopped by the rule.
+        # own run would hold it; holding ten requests' 400 records to one another's content is stricter than the
+        # ten runs it replaces.
         members: dict[str | None, list[Content]] = {}
         for record in records:
             if record.id in contents:

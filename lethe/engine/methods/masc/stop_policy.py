@@ -70,7 +70,7 @@ class MascStopPolicy:
         self.judged_mean: float | None = None  # the mean the rule judges, refreshed once per step (see is_open)
         self.stop_check_seconds, self.repair_steps, self.calibration_seconds = 0.0, 0, 0.0
         self.chosen: list[EncodedRecord] = []
-        self.refreshed_at: dict[str, int] = {}  # the step at which a closed record was last measured by a refresh
+        self.refreshed_at: dict[str, int] = {}  # the step at which a record was last measured by a refresh
 
     def start(self, objective: Objective) -> None:
         """theta_0 (no step taken yet): each record's content and destinations, the rule's targets, and every
@@ -287,9 +287,9 @@ class MascStopPolicy:
         """Records measured again at a refresh: a record closed a while ago and trained no more drifts back as the
         retain term pulls towards theta_0 (on mini-TOFU 39 closed records came back while one stayed open for 250
         steps), and must open again. At most REFRESHED a refresh, so that the cost does not grow with the forget set
-        (measuring all 400 records of ten coalesced requests at every refresh spent a third of that run): every record
-        where there are no more, else closed ones first (an open one is measured by its next training pass), those
-        measured longest ago first."""
+        (ten coalesced requests measured all 400 records at every refresh; with the answers, the checks took a third
+        of that run): every record where there are no more, else closed ones first (an open one is measured by its
+        next training pass), those measured longest ago first."""
         chosen = set(sorted((r.id for r in self.run.forget),
                             key=lambda rid: (self.is_open(rid), self.refreshed_at.get(rid, -1)))[:REFRESHED])
         self.refreshed_at.update({rid: step for rid in chosen})
