@@ -59,6 +59,12 @@ def run_into(made: Path, start: Path, forget: list[dict], retain: list[dict], ov
     return result
 
 
+def coalesced(sets: list[list[dict]]) -> list[dict]:
+    """The sets' records in one run, each naming its set as its request, as the service's coalesced run names each
+    member's job (lethe.service.domain.runs.union_records)."""
+    return [{**r, REQUEST: f"request-{j + 1}"} for j, s in enumerate(sets) for r in s]
+
+
 def composed(root: Path, own: list[Path], out: Path) -> None:
     """`--from-root`: the root's weights plus every run's change (own_i - root), saved in `out` with the root's
     tokenizer: what a lineage would publish if each request were erased from the root on its own."""
@@ -169,8 +175,7 @@ def main(argv: list[str] | None = None) -> None:
                 flush=True)
             first_seconds = first_seconds or seconds  # request 1's, whether run now or earlier
     if args.together or args.together_only:
-        # Each pair names its request, as the service's coalesced run names each member's job (runs.union_records).
-        union = [{**r, REQUEST: f"request-{j + 1}"} for j, s in enumerate(sets) for r in s]
+        union = coalesced(sets)
         retain = [r for r in tofu if r["id"] not in erased] + kept
         sample = random.Random(len(sets) - 1).sample(retain, min(RETAIN_SAMPLE, len(retain)))  # the last request's
         with tempfile.TemporaryDirectory() as scratch:

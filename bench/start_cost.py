@@ -14,9 +14,9 @@ import time
 from collections import defaultdict
 from typing import Any
 
+from bench.bench_chain import coalesced
 from bench.bench_sequential import PAIRS, sequential_records
 from bench.mini_tofu import fixture, tofu_records
-from lethe.engine.contract.record_checks import REQUEST
 from lethe.engine.methods import get_method
 from lethe.engine.methods.masc import answers, replay
 from lethe.engine.methods.masc import stop_policy as policy
@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> None:
     root = fixture("sequential")
     tofu, kept, _ = sequential_records()
     sets = [tofu_records(range(a, b + 1)) for a, b in PAIRS[:args.requests]]
-    forget = [{**r, REQUEST: f"request-{j + 1}"} for j, s in enumerate(sets) for r in s]
+    forget = coalesced(sets)
     erased = {r["id"] for r in forget}
     retain = [r for r in tofu if r["id"] not in erased] + kept
     params = get_method("masc").parse({**json.loads(args.params), "max_steps": args.steps})
