@@ -227,7 +227,8 @@ class MascStopPolicy:
             passed, _, failing = self.rule.passes(served)
             quantized = {"quantized": {"scheme": scheme, "leaking_ids": sorted(leaking)[:20]}}
         self.served_checks.append({"dtype": str(self.run.saved_dtype).removeprefix("torch."), "passed": passed,
-                                   "failing_ids": failing[:20], **answered, **quantized})
+                                   "failing_ids": failing[:20], "failing_why": self.erasure.failing_why(served),
+                                   **answered, **quantized})
         self.served = copy if passed else None
         return served
 

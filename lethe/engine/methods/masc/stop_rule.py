@@ -79,13 +79,28 @@ class ErasureCondition:
         saw the record says a common occupation that often."""
         return max(self.secret_max, self.secret_priors.get(rid, 0.0))
 
+    def why(self, check: RecordCheck) -> list[str]:
+        """The parts of the condition this check fails, by name (empty: it holds)."""
+        parts = {"reproduced": check.reproduced, "secret_greedy": check.secret_greedy, "leaked": check.leaked,
+                 "looped": check.looped, "secret_probability": check.secret_probability > self.secret_limit(check.id),
+                 "ceiling": check.id not in self.secret_ids
+                 and check.violation > self.ceilings.get(check.id, 1.0) + TOLERANCE}
+        return [name for name, failed in parts.items() if failed]
+
     def holds(self, check: RecordCheck) -> bool:
-        return (not check.reproduced and not check.secret_greedy and not check.leaked and not check.looped
-                and check.secret_probability <= self.secret_limit(check.id)
-                and (check.id in self.secret_ids or check.violation <= self.ceilings.get(check.id, 1.0) + TOLERANCE))
+        return not self.why(check)
 
     def failing(self, checks: list[RecordCheck]) -> list[str]:
         return [c.id for c in checks if not self.holds(c)]
+
+    def failing_why(self, checks: list[RecordCheck]) -> dict[str, int]:
+        """How many records fail each part of the condition (a record failing two counts in both): a failed
+        confirmation's trace says whether answers or teacher-forced measurements held the run open."""
+        counts: dict[str, int] = {}
+        for check in checks:
+            for name in self.why(check):
+                counts[name] = counts.get(name, 0) + 1
+        return counts
 
     def judged(self, checks: list[RecordCheck]) -> list[RecordCheck]:
         """The records whose v_i the mean counts: those without located secrets."""
@@ -185,6 +200,8 @@ class OnlineStopRule:
                      if self.hoeffding and judged is not None else judged)
         passed = (statistic is None or statistic <= self.alpha + TOLERANCE) and not failing
         entry = _entry(step, "confirm", v, len(failing), failing, passed, n=len(checks))
+        if failing and self.condition:
+            entry["failing_why"] = self.condition.failing_why(checks)
         if judged != v:
             entry["v_judged"] = judged  # the mean over the records judged by v_i (see the module's docstring)
         if self.hoeffding:

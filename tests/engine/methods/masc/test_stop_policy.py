@@ -193,6 +193,8 @@ def test_a_record_that_passes_before_the_merge_and_fails_after_it_keeps_training
     assert rule.rule.check(0, rule.latest.all, rule.confirm) is False
     assert rule.served is None and rule.served_checks[-1]["passed"] is False
     assert rule.served_checks[-1]["failing_ids"] == [record.id] and rule.latest[record.id].reproduced
+    assert rule.served_checks[-1]["failing_why"]["reproduced"] == 1  # says which part the merged copy failed
+    assert rule.rule.trace[-1]["failing_why"] == rule.served_checks[-1]["failing_why"]
     clean = rule_over(tokenizer, record, model, served=model)
     assert clean.rule.check(0, clean.latest.all, clean.confirm) is True and clean.served is model
 

@@ -91,6 +91,20 @@ def test_a_record_that_greedy_decoding_reproduces_blocks_the_stop_whatever_its_v
     assert (reason, step, confirms) == ("alpha", 2, 2)
     confirm_entries = [e for e in rule.trace if e["stage"] == "confirm"]
     assert confirm_entries[0]["failing_ids"] == ["r2"] and confirm_entries[1]["passed"]
+    assert confirm_entries[0]["failing_why"] == {"reproduced": 1} and "failing_why" not in confirm_entries[1]
+
+
+def test_a_failed_confirmation_counts_each_part_of_the_condition_its_records_fail():
+    from dataclasses import replace
+    condition = ErasureCondition({"r0": 0.1, "r1": 0.1, "r2": 0.1, "r3": 0.1}, secret_max=0.5,
+                                 secret_ids=frozenset({"r2"}))
+    checks = records(0.5, 0.0, 0.9, 0.0, reproduced=(0,))
+    checks[1] = replace(checks[1], leaked=True, looped=True)
+    checks[2] = replace(checks[2], secret_probability=0.6)  # r2's v_i (0.9) is not judged: its content decides
+    assert condition.why(checks[0]) == ["reproduced", "ceiling"] and condition.why(checks[3]) == []
+    assert condition.failing_why(checks) == {"reproduced": 1, "ceiling": 1, "leaked": 1, "looped": 1,
+                                             "secret_probability": 1}
+    assert condition.failing(checks) == ["r0", "r1", "r2"]
 
 
 def test_records_without_a_ceiling_are_held_to_no_reproduction_only():
