@@ -14,8 +14,11 @@ from __future__ import annotations
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
+from lethe.engine.contract.errors import EngineInputError
 from lethe.engine.data.counterfactual import request_counterfactuals
+from lethe.engine.data.records import EncodedRecord, encode_record
 
 AUTO = "auto"
 DEFAULT_CEILING = 0.5  # used only when a request offers no text of the same shape at all
@@ -120,3 +123,15 @@ def _count(sources: dict[str, str]) -> dict[str, int]:
 def _mean(values) -> float:
     values = list(values)
     return sum(values) / len(values)
+
+
+def encodable(records: list[dict], tokenizer: Any, max_length: int, seed: int) -> list[EncodedRecord]:
+    """Checked records that fit the model's context (a counterfactual or holdout record that does not is
+    skipped). A passage's counterfactual keeps its record's id, and so its seeded continuation split."""
+    out = []
+    for record in records:
+        try:
+            out.append(encode_record(record, tokenizer, max_length=max_length, seed=seed, what="calibration"))
+        except EngineInputError:
+            continue
+    return out

@@ -17,12 +17,11 @@ from typing import Any
 import torch
 
 from lethe.engine.audit.extraction import secret_priors
-from lethe.engine.contract.errors import EngineInputError
-from lethe.engine.data.records import Batch, EncodedRecord, collate, encode_record
+from lethe.engine.data.records import Batch, EncodedRecord, collate
 from lethe.engine.methods import Objective
 from lethe.engine.methods.masc.answers import Answering
 from lethe.engine.methods.masc.bound import exact_reproduction_bound
-from lethe.engine.methods.masc.calibration import calibrate
+from lethe.engine.methods.masc.calibration import calibrate, encodable
 from lethe.engine.methods.masc.content import said_template
 from lethe.engine.methods.masc.destination import Content, plan_contents, record_targets
 from lethe.engine.methods.masc.neighbours import RetainSampler, nearest, neighbour_scores
@@ -46,6 +45,11 @@ from lethe.engine.training.setup import Prepared
 
 REFRESHED = 64  # records a replay refresh measures again (a bounded cost, whatever the forget set)
 REPLAY_SHARE = 0.2  # of the forget set, the most a refresh asks: at replay_every 20, each record every 100 steps
+# Training closes a record only when its content spans' probability is at most this share of its limit: the rule
+# judges at the limit, and a record closed just under it drifts back over it while the others train (mini-TOFU: 8 of
+# request 1's 9 failed confirmations, and 26 of three requests' 32 in one run, failed records on that count; with
+# this, 0 of 0 and 2 of 7; BENCHMARKS.md, "Closing with headroom").
+CLOSING_HEADROOM = 0.5
 
 
 class MascStopPolicy:
@@ -71,6 +75,7 @@ class MascStopPolicy:
         self.stop_check_seconds, self.repair_steps, self.calibration_seconds = 0.0, 0, 0.0
         self.chosen: list[EncodedRecord] = []
         self.refreshed_at: dict[str, int] = {}  # the step at which a record was last measured by a refresh
+        self.answered_at: dict[str, int] = {}  # the replay refresh at which the policy last answered a record
 
     def start(self, objective: Objective) -> None:
         """theta_0 (no step taken yet): each record's content and destinations, the rule's targets, and every
@@ -101,8 +106,8 @@ class MascStopPolicy:
         floors = {r.id: 1 - r.secret_tokens / r.active_tokens for r in forget if r.id in self.located}
         self.calibration = calibrate(
             params.alpha, params.record_ceiling, self.forget_sources, self.retain_sources, self.holdout, params.seed,
-            lambda records: [c.violation for c in self.measure(_encodable(records, run.tokenizer, run.max_length,
-                                                                          params.seed))],
+            lambda records: [c.violation for c in self.measure(encodable(records, run.tokenizer, run.max_length,
+                                                                         params.seed))],
             floors, {r.id for r in forget} - self.located if self.located else None)
         self.latest = RecordStates(self.measure(forget))
         self.initial_v = self.latest.mean()
@@ -143,13 +148,14 @@ class MascStopPolicy:
         return self.rule.alpha
 
     def is_open(self, rid: str) -> bool:
-        """Still to be trained: the record fails its own condition, or it counts in the rule's mean, the
-        mean fails, and it lies above it (a record with located content is decided by it alone: once
-        it is suppressed its template stays, as in any model; suppressing that too only buys loops)."""
+        """Still to be trained: the record fails its own condition (a span's probability held to CLOSING_HEADROOM of
+        its limit), or it counts in the rule's mean, the mean fails, and it lies above it (a record with located
+        content is decided by it alone: once it is suppressed its template stays, as in any model; suppressing that
+        too only buys loops)."""
         if not self.train_mode:
             return True
         check = self.latest[rid]
-        if not self.erasure.holds(check):
+        if not self.erasure.holds(check, CLOSING_HEADROOM):
             return True
         target = self.rule.mean_target(max(1, len(self.confirm_set) - len(self.located)))
         return (rid not in self.located and self.judged_mean is not None and self.judged_mean > target
@@ -175,8 +181,11 @@ class MascStopPolicy:
         if not asked:
             return checks
         # The policy's greedy answers only: a sample is judged by nobody, and the replay refreshes bring fresh ones.
-        said = self.replays.judge(model, asked, keep_leaks, own_content) if model is not None else \
-            self.replays.refresh(self.trainable.model, asked, GREEDY)
+        if model is not None:
+            said = self.replays.judge(model, asked, keep_leaks, own_content)
+        else:
+            said = self.replays.refresh(self.trainable.model, asked, GREEDY)
+            self.answered_at.update({r.id: self.replays.refreshes for r in asked})
         return [replace(c, leaked=said.get(c.id, (False, False))[0], looped=said.get(c.id, (False, False))[1])
                 for c in checks]
 
@@ -239,7 +248,8 @@ class MascStopPolicy:
         holdout mode, which runs the paper's rule as published."""
         if not self.train_mode:
             return None
-        return sum(c.hinge + max(0.0, math.log10(max(c.secret_probability, 1e-300) / self.erasure.secret_limit(c.id)))
+        return sum(c.hinge + max(0.0, math.log10(max(c.secret_probability, 1e-300)
+                                                 / (CLOSING_HEADROOM * self.erasure.secret_limit(c.id))))
                    + c.leaked + c.looped for c in self.latest.all() if self.is_open(c.id))
 
     def stop_before(self, step: int) -> str | None:
@@ -271,6 +281,7 @@ class MascStopPolicy:
                     self.remeasure(step)
                 asked = self.to_ask(rng)
                 said = self.replays.refresh(self.trainable.model, asked) if asked else {}
+                self.answered_at.update({r.id: self.replays.refreshes for r in asked})
                 if self.train_mode:  # fresh flags: one kept from the last confirmation would keep the trigger shut
                     self.latest.update([replace(self.latest[rid], leaked=leaked, looped=looped)
                                         for rid, (leaked, looped) in said.items()])
@@ -300,12 +311,16 @@ class MascStopPolicy:
         return records
 
     def to_ask(self, rng: random.Random) -> list[EncodedRecord]:
-        """The records a refresh asks for their answers: a seeded sample of replay_records open ones (a closed one is
-        asked again at the confirmation; never one held out, in holdout mode: its answers would train it), then, in a
-        forget set of more than 5 x replay_records, more of those its answers alone hold open, up to a fifth of the set
-        in all: their flags are all that keeps the rule from firing, and a flag is only as fresh as the record's last
-        answers (ten coalesced requests asked 8 of 400 records a refresh, each about twice in 2,000 steps, and at
-        step 2,000 held 284 open on leaking answers)."""
+        """The records a refresh asks for their answers (never one held out, in holdout mode: its answers would train
+        it), up to a fifth of the forget set in train mode:
+        - a seeded sample of replay_records open ones;
+        - more of those its answers alone hold open: their flags are all that keeps the rule from firing, and a flag
+          is only as fresh as the record's last answers (ten coalesced requests asked 8 of 400 records a refresh,
+          each about twice in 2,000 steps, and at step 2,000 held 284 open on leaking answers);
+        - closed ones, answered longest ago first: a closed record is trained no more while the others are, and its
+          answers drift back to its content or into a loop, which a stale flag hides until a confirmation fails on
+          it (three coalesced requests: each of 32 failed confirmations found some); asked here, it opens and is
+          trained on that answer."""
         open_records = [r for r in self.train_set if not self.train_mode or self.is_open(r.id)]
         asked = rng.sample(open_records, min(len(open_records), self.params.replay_records))
         more = math.ceil(REPLAY_SHARE * len(self.train_set)) - len(asked)
@@ -313,6 +328,10 @@ class MascStopPolicy:
             chosen = {r.id for r in asked}
             held = [r for r in open_records if r.id not in chosen and self.held_by_answers(r.id)]
             asked += rng.sample(held, min(len(held), more))
+            chosen |= {r.id for r in asked}
+            closed = [r for r in self.train_set if r.id not in chosen and not self.is_open(r.id)]
+            closed.sort(key=lambda r: self.answered_at.get(r.id, -1))  # stable: ties keep the run's order
+            asked += closed[:max(0, math.ceil(REPLAY_SHARE * len(self.train_set)) - len(asked))]
         return asked
 
     def held_by_answers(self, rid: str) -> bool:
@@ -394,14 +413,3 @@ class MascStopPolicy:
                 "unaligned": sum(not c.aligned for c in contents),
                 "replayed_ids": self.replays.replayed_ids if self.replays is not None else []}
 
-
-def _encodable(records: list[dict], tokenizer: Any, max_length: int, seed: int) -> list[EncodedRecord]:
-    """Checked records that fit the model's context (a counterfactual or holdout record that does not is
-    skipped). A passage's counterfactual keeps its record's id, and so its seeded continuation split."""
-    out = []
-    for record in records:
-        try:
-            out.append(encode_record(record, tokenizer, max_length=max_length, seed=seed, what="calibration"))
-        except EngineInputError:
-            continue
-    return out

@@ -79,16 +79,18 @@ class ErasureCondition:
         saw the record says a common occupation that often."""
         return max(self.secret_max, self.secret_priors.get(rid, 0.0))
 
-    def why(self, check: RecordCheck) -> list[str]:
-        """The parts of the condition this check fails, by name (empty: it holds)."""
+    def why(self, check: RecordCheck, headroom: float = 1.0) -> list[str]:
+        """The parts of the condition this check fails, by name (empty: it holds); `headroom` < 1 holds a content
+        span's probability to that share of its limit (the stricter target training aims at, see the stop policy)."""
         parts = {"reproduced": check.reproduced, "secret_greedy": check.secret_greedy, "leaked": check.leaked,
-                 "looped": check.looped, "secret_probability": check.secret_probability > self.secret_limit(check.id),
+                 "looped": check.looped,
+                 "secret_probability": check.secret_probability > headroom * self.secret_limit(check.id),
                  "ceiling": check.id not in self.secret_ids
                  and check.violation > self.ceilings.get(check.id, 1.0) + TOLERANCE}
         return [name for name, failed in parts.items() if failed]
 
-    def holds(self, check: RecordCheck) -> bool:
-        return not self.why(check)
+    def holds(self, check: RecordCheck, headroom: float = 1.0) -> bool:
+        return not self.why(check, headroom)
 
     def failing(self, checks: list[RecordCheck]) -> list[str]:
         return [c.id for c in checks if not self.holds(c)]

@@ -23,7 +23,7 @@ def policy(states: dict[str, RecordCheck], replay_records: int = 8) -> MascStopP
     rule.rule = OnlineStopRule(0.5, 1, condition=rule.erasure)
     rule.located, rule.confirm_set = frozenset(states), records
     rule.latest = RecordStates([replace(c, id=rid) for rid, c in states.items()])
-    rule.refreshed_at = {}
+    rule.refreshed_at, rule.answered_at = {}, {}
     rule.measured = []
 
     def measure(records, model=None):
@@ -44,7 +44,7 @@ def test_a_refresh_asks_more_of_the_records_held_open_by_their_answers_up_to_a_f
     asked = [r.id for r in rule.to_ask(random.Random(0))]
     # 100 records: a sample of 8 open ones, then 12 more of those held by their answers alone (a fifth: 20).
     assert len(asked) == 20 and len(set(asked)) == 20 and all(rid.startswith("a") for rid in asked[8:])
-    assert not any(rid.startswith("c") for rid in asked)  # open ones only: never a closed record
+    assert not any(rid.startswith("c") for rid in asked)  # the fifth is spent on open ones: no closed record
     # A request of 40 asks as before issue 28: the same seeded sample of replay_records of its open records.
     small = policy(states(12, 20, 8))
     expected = random.Random(0).sample([r for r in small.train_set if small.is_open(r.id)], 8)
@@ -67,3 +67,19 @@ def test_a_refresh_measures_at_most_REFRESHED_records_closed_ones_first_the_long
     # A forget set of at most REFRESHED records is measured whole at every refresh, in its own order.
     small = policy(states(5, 20, 10))
     assert [r.id for r in small.remeasure(20)] == list(states(5, 20, 10))
+
+
+def test_what_is_left_of_the_fifth_asks_the_closed_records_answered_longest_ago():
+    rule = policy(states(1, 2, 47))  # 50 records: a fifth is 10 answers a refresh
+    rule.params = MascParams(replay_records=2).resolved()
+    rule.answered_at = {f"c{i}": 100 - i for i in range(47)}  # the later in the list, the longer ago
+    rule.answered_at["c7"] = -5  # not asked since the start: first of the closed
+    asked = [r.id for r in rule.to_ask(random.Random(0))]
+    # 2 open ones sampled, a0 (open on its answers alone) if not among them, then closed ones, longest ago first
+    opened = [rid for rid in asked if not rid.startswith("c")]
+    assert "a0" in opened and asked[:len(opened)] == opened and len(opened) in (2, 3) and len(asked) == 10
+    assert asked[len(opened):] == ["c7", "c46", "c45", "c44", "c43", "c42", "c41", "c40"][:10 - len(opened)]
+    # 20 records, 3 open: all 3 (fewer than replay_records), then one closed one to make a fifth
+    small = policy(states(1, 2, 17))
+    asked = [r.id for r in small.to_ask(random.Random(0))]
+    assert set(asked[:3]) == {"a0", "t0", "t1"} and asked[3:] == ["c0"]  # none answered yet: the run's order

@@ -1,6 +1,7 @@
 """The stop rule reads the model's answers and the model as it is saved (issue 24), on a scripted model: a bigram table
 whose greedy path from a prompt is written by hand, so that every teacher-forced condition holds while the answer
 loops, leaks, or the merged copy reproduces the record."""
+import math
 import types
 
 import pytest
@@ -108,7 +109,7 @@ def rule_over(tokenizer, record, model: BigramLM, served: BigramLM | None = None
     rule.erasure = ErasureCondition({record.id: 1.0}, 0.01, frozenset({record.id}))
     rule.rule = OnlineStopRule(0.5, 1, condition=rule.erasure)
     rule.run = types.SimpleNamespace(saved_dtype=torch.float32)
-    rule.served, rule.served_checks, rule.sample_checks = None, [], []
+    rule.served, rule.served_checks, rule.sample_checks, rule.answered_at = None, [], [], {}
     rule.latest = RecordStates([RecordCheck(record.id, 0.0, 5, False)])
     return rule
 
@@ -412,3 +413,22 @@ def test_the_merged_copy_is_asked_again_only_where_its_answer_may_differ(tokeniz
     assert other.rule.check(0, other.latest.all, other.confirm) is False
     assert other.served_checks[-1]["answers_generated"] == 1 and other.served_checks[-1]["answers_verified"] == 0
     assert other.served_checks[-1]["failing_ids"] == [record.id] and other.latest[record.id].leaked
+
+
+@pytest.mark.parametrize("probability, holds, trained", [
+    (0.02, False, True),  # over its limit (0.01): fails the rule, trained
+    (0.007, True, True),  # under its limit but not by the headroom: the rule holds, training goes on
+    (0.004, True, False),  # under half its limit: closed
+])
+def test_training_closes_a_record_only_with_headroom_under_its_limit(tokenizer, probability, holds, trained):
+    from lethe.engine.methods.masc.stop_policy import CLOSING_HEADROOM
+    record = encode_record(RECORD, tokenizer, max_length=64, seed=0)
+    rule = rule_over(tokenizer, record, scripted(tokenizer, record, tokens(tokenizer, [" teal", " city", "."])))
+    rule.located, rule.judged_mean = frozenset({record.id}), None
+    rule.latest.update([RecordCheck(record.id, 0.0, 5, False, hinge=0.0, secret_probability=probability)])
+    assert CLOSING_HEADROOM == 0.5
+    assert rule.erasure.holds(rule.latest[record.id]) is holds
+    assert rule.is_open(record.id) is trained
+    # the escalation's shortfall counts the record's way to its headroom, in decades
+    assert rule.shortfall() == pytest.approx(max(0.0, math.log10(probability / 0.005)) if trained else 0.0)
+
