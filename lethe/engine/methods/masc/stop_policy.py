@@ -48,7 +48,7 @@ REPLAY_SHARE = 0.2  # of the forget set, the most a refresh asks: at replay_ever
 # Training closes a record only when its content spans' probability is at most this share of its limit: the rule
 # judges at the limit, and a record closed just under it drifts back over it while the others train (mini-TOFU: 8 of
 # request 1's 9 failed confirmations, and 26 of three requests' 32 in one run, failed records on that count; with
-# this, 0 of 0 and 2 of 7; BENCHMARKS.md, "Closing with headroom").
+# it, request 1 failed none and the three requests 7, 2 of them on that count; BENCHMARKS.md, "Closing with headroom").
 CLOSING_HEADROOM = 0.5
 
 
