@@ -28,7 +28,7 @@ from lethe.engine.methods.masc.neighbours import RetainSampler, nearest, neighbo
 from lethe.engine.methods.masc.objective import Masc, checks_of
 from lethe.engine.methods.masc.params import MascParams
 from lethe.engine.methods.masc.quantized_check import QUANTIZED, quantized_leaks
-from lethe.engine.methods.masc.replay import GREEDY, Replays
+from lethe.engine.methods.masc.replay import GREEDY, REPLAYED, Replays
 from lethe.engine.methods.masc.schedule import Escalation, ForgetStream, pace_horizon
 from lethe.engine.methods.masc.stop_rule import (
     CONDITION,
@@ -184,10 +184,16 @@ class MascStopPolicy:
         if model is not None:
             said = self.replays.judge(model, asked, keep_leaks, own_content)
         else:
-            said = self.replays.refresh(self.trainable.model, asked, GREEDY)
-            self.answered_at.update({r.id: self.replays.refreshes for r in asked})
+            said = self.policy_answers(asked, GREEDY)
         return [replace(c, leaked=said.get(c.id, (False, False))[0], looped=said.get(c.id, (False, False))[1])
                 for c in checks]
+
+    def policy_answers(self, records: list[EncodedRecord], kinds: tuple[str, ...]) -> dict[str, tuple[bool, bool]]:
+        """The policy's answers of these kinds to these records, replayed, and when each record was last answered."""
+        assert self.replays is not None
+        said = self.replays.refresh(self.trainable.model, records, kinds)
+        self.answered_at.update({r.id: self.replays.refreshes for r in records})
+        return said
 
     def with_samples(self, checks: list[RecordCheck], model: Any) -> list[RecordCheck]:
         """The checks with a record marked as leaking where one of confirm_samples samples of its answer gives back
@@ -280,8 +286,7 @@ class MascStopPolicy:
                 if self.train_mode:
                     self.remeasure(step)
                 asked = self.to_ask(rng)
-                said = self.replays.refresh(self.trainable.model, asked) if asked else {}
-                self.answered_at.update({r.id: self.replays.refreshes for r in asked})
+                said = self.policy_answers(asked, REPLAYED) if asked else {}
                 if self.train_mode:  # fresh flags: one kept from the last confirmation would keep the trigger shut
                     self.latest.update([replace(self.latest[rid], leaked=leaked, looped=looped)
                                         for rid, (leaked, looped) in said.items()])
@@ -323,15 +328,15 @@ class MascStopPolicy:
           trained on that answer."""
         open_records = [r for r in self.train_set if not self.train_mode or self.is_open(r.id)]
         asked = rng.sample(open_records, min(len(open_records), self.params.replay_records))
-        more = math.ceil(REPLAY_SHARE * len(self.train_set)) - len(asked)
-        if self.train_mode and more > 0:
+        budget = math.ceil(REPLAY_SHARE * len(self.train_set))
+        if self.train_mode and len(asked) < budget:
             chosen = {r.id for r in asked}
             held = [r for r in open_records if r.id not in chosen and self.held_by_answers(r.id)]
-            asked += rng.sample(held, min(len(held), more))
+            asked += rng.sample(held, min(len(held), budget - len(asked)))
             chosen |= {r.id for r in asked}
             closed = [r for r in self.train_set if r.id not in chosen and not self.is_open(r.id)]
             closed.sort(key=lambda r: self.answered_at.get(r.id, -1))  # stable: ties keep the run's order
-            asked += closed[:max(0, math.ceil(REPLAY_SHARE * len(self.train_set)) - len(asked))]
+            asked += closed[:budget - len(asked)]
         return asked
 
     def held_by_answers(self, rid: str) -> bool:

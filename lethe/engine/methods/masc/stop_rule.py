@@ -30,7 +30,7 @@ drive it exactly as the trainer's do.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 CONDITION = ("stop when V = mean_i v_i <= alpha and, for every forget record i, v_i <= c_i (its ceiling) and "
@@ -82,15 +82,24 @@ class ErasureCondition:
     def why(self, check: RecordCheck, headroom: float = 1.0) -> list[str]:
         """The parts of the condition this check fails, by name (empty: it holds); `headroom` < 1 holds a content
         span's probability to that share of its limit (the stricter target training aims at, see the stop policy)."""
-        parts = {"reproduced": check.reproduced, "secret_greedy": check.secret_greedy, "leaked": check.leaked,
-                 "looped": check.looped,
-                 "secret_probability": check.secret_probability > headroom * self.secret_limit(check.id),
-                 "ceiling": check.id not in self.secret_ids
-                 and check.violation > self.ceilings.get(check.id, 1.0) + TOLERANCE}
-        return [name for name, failed in parts.items() if failed]
+        return list(self._failures(check, headroom))
 
     def holds(self, check: RecordCheck, headroom: float = 1.0) -> bool:
-        return not self.why(check, headroom)
+        return next(self._failures(check, headroom), None) is None  # the first failing part decides: a hot path
+
+    def _failures(self, check: RecordCheck, headroom: float) -> Iterator[str]:
+        if check.reproduced:
+            yield "reproduced"
+        if check.secret_greedy:
+            yield "secret_greedy"
+        if check.leaked:
+            yield "leaked"
+        if check.looped:
+            yield "looped"
+        if check.secret_probability > headroom * self.secret_limit(check.id):
+            yield "secret_probability"
+        if check.id not in self.secret_ids and check.violation > self.ceilings.get(check.id, 1.0) + TOLERANCE:
+            yield "ceiling"
 
     def failing(self, checks: list[RecordCheck]) -> list[str]:
         return [c.id for c in checks if not self.holds(c)]

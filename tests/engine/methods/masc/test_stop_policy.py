@@ -431,4 +431,3 @@ def test_training_closes_a_record_only_with_headroom_under_its_limit(tokenizer, 
     assert rule.is_open(record.id) is trained
     # the escalation's shortfall counts the record's way to its headroom, in decades
     assert rule.shortfall() == pytest.approx(max(0.0, math.log10(probability / 0.005)) if trained else 0.0)
-
