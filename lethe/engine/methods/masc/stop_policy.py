@@ -19,6 +19,7 @@ import torch
 from lethe.engine.audit.extraction import secret_priors
 from lethe.engine.data.records import Batch, EncodedRecord, collate
 from lethe.engine.methods import Objective
+from lethe.engine.methods.masc import refresh
 from lethe.engine.methods.masc.answers import Answering
 from lethe.engine.methods.masc.bound import exact_reproduction_bound
 from lethe.engine.methods.masc.calibration import calibrate, encodable
@@ -43,8 +44,6 @@ from lethe.engine.methods.masc.validation_split import split_validation
 from lethe.engine.training.result import Measured, RuleEvidence
 from lethe.engine.training.setup import Prepared
 
-REFRESHED = 64  # records a replay refresh measures again (a bounded cost, whatever the forget set)
-REPLAY_SHARE = 0.2  # of the forget set, the most a refresh asks: at replay_every 20, each record every 100 steps
 # Training closes a record only when its content spans' probability is at most this share of its limit: the rule
 # judges at the limit, and a record closed just under it drifts back over it while the others train (mini-TOFU: 8 of
 # request 1's 9 failed confirmations, and 26 of three requests' 32 in one run, failed records on that count; with
@@ -76,6 +75,8 @@ class MascStopPolicy:
         self.chosen: list[EncodedRecord] = []
         self.refreshed_at: dict[str, int] = {}  # the step at which a record was last measured by a refresh
         self.answered_at: dict[str, int] = {}  # the replay refresh at which the policy last answered a record
+        # The policy's greedy answers at refreshes and confirmations, per record: read again (verified) or generated.
+        self.greedy_answers = {"verified": 0, "generated": 0}
 
     def start(self, objective: Objective) -> None:
         """theta_0 (no step taken yet): each record's content and destinations, the rule's targets, and every
@@ -189,10 +190,14 @@ class MascStopPolicy:
                 for c in checks]
 
     def policy_answers(self, records: list[EncodedRecord], kinds: tuple[str, ...]) -> dict[str, tuple[bool, bool]]:
-        """The policy's answers of these kinds to these records, replayed, and when each record was last answered."""
+        """The policy's answers of these kinds to these records, replayed (a greedy answer it would say again as last
+        asked is read, not generated: Replays.refresh), and when each record was last answered."""
         assert self.replays is not None
+        before = self.replays.verified, self.replays.generated
         said = self.replays.refresh(self.trainable.model, records, kinds)
         self.answered_at.update({r.id: self.replays.refreshes for r in records})
+        self.greedy_answers["verified"] += self.replays.verified - before[0]
+        self.greedy_answers["generated"] += self.replays.generated - before[1]
         return said
 
     def with_samples(self, checks: list[RecordCheck], model: Any) -> list[RecordCheck]:
@@ -301,43 +306,17 @@ class MascStopPolicy:
         yield forget_batch, retain_batch
 
     def remeasure(self, step: int) -> list[EncodedRecord]:
-        """Records measured again at a refresh: a record closed a while ago and trained no more drifts back as the
-        retain term pulls towards theta_0 (on mini-TOFU 39 closed records came back while one stayed open for 250
-        steps), and must open again. At most REFRESHED a refresh, so that the cost does not grow with the forget set
-        (ten coalesced requests measured all 400 records at every refresh; with the answers, the checks took a third
-        of that run): every record where there are no more, else closed ones first (an open one is measured by its
-        next training pass), those measured longest ago first."""
-        chosen = set(sorted((r.id for r in self.run.forget),
-                            key=lambda rid: (self.is_open(rid), self.refreshed_at.get(rid, -1)))[:REFRESHED])
-        self.refreshed_at.update({rid: step for rid in chosen})
-        records = [r for r in self.run.forget if r.id in chosen]  # in the run's order: the same batches as before
+        """Records measured again at a refresh (refresh.to_remeasure), their flags kept."""
+        records = refresh.to_remeasure(self.run.forget, self.is_open, self.refreshed_at)
+        self.refreshed_at.update({r.id: step for r in records})
         self.latest.update([replace(c, leaked=self.latest[c.id].leaked, looped=self.latest[c.id].looped)
                             for c in self.measure(records)])
         return records
 
     def to_ask(self, rng: random.Random) -> list[EncodedRecord]:
-        """The records a refresh asks for their answers (never one held out, in holdout mode: its answers would train
-        it), up to a fifth of the forget set in train mode:
-        - a seeded sample of replay_records open ones;
-        - more of those its answers alone hold open: their flags are all that keeps the rule from firing, and a flag
-          is only as fresh as the record's last answers (ten coalesced requests asked 8 of 400 records a refresh,
-          each about twice in 2,000 steps, and at step 2,000 held 284 open on leaking answers);
-        - closed ones, answered longest ago first: a closed record is trained no more while the others are, and its
-          answers drift back to its content or into a loop, which a stale flag hides until a confirmation fails on
-          it (three coalesced requests: each of 32 failed confirmations found some); asked here, it opens and is
-          trained on that answer."""
-        open_records = [r for r in self.train_set if not self.train_mode or self.is_open(r.id)]
-        asked = rng.sample(open_records, min(len(open_records), self.params.replay_records))
-        budget = math.ceil(REPLAY_SHARE * len(self.train_set))
-        if self.train_mode and len(asked) < budget:
-            chosen = {r.id for r in asked}
-            held = [r for r in open_records if r.id not in chosen and self.held_by_answers(r.id)]
-            asked += rng.sample(held, min(len(held), budget - len(asked)))
-            chosen |= {r.id for r in asked}
-            closed = [r for r in self.train_set if r.id not in chosen and not self.is_open(r.id)]
-            closed.sort(key=lambda r: self.answered_at.get(r.id, -1))  # stable: ties keep the run's order
-            asked += closed[:budget - len(asked)]
-        return asked
+        """The records a refresh asks for their answers (refresh.to_ask)."""
+        return refresh.to_ask(self.train_set, self.is_open if self.train_mode else None, self.held_by_answers,
+                      self.answered_at, self.params.replay_records, rng)
 
     def held_by_answers(self, rid: str) -> bool:
         """Open only because its latest greedy answers leaked or looped: every teacher-forced condition holds."""
@@ -386,6 +365,7 @@ class MascStopPolicy:
             "applied": self.train_mode, "ceilings": summary["ceilings"], "holdout_v": summary.get("holdout_v"),
             "records_meeting_condition": len(per_record) - len(failing), "failing_ids": failing,
             "served_checks": self.served_checks, "sample_checks": self.sample_checks[-20:],
+            "policy_greedy_answers": self.greedy_answers,
             # The V the rule compares with alpha: over the records without located content (None: none).
             **({"judged_violation_rate": self.rule.judged_mean(val_checks),
                 "judged_records": len(self.rule.judged(val_checks))} if self.train_mode and self.located else {}),

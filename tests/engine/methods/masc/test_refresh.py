@@ -6,7 +6,8 @@ import types
 from dataclasses import replace
 
 from lethe.engine.methods.masc.params import MascParams
-from lethe.engine.methods.masc.stop_policy import REFRESHED, MascStopPolicy
+from lethe.engine.methods.masc.refresh import REFRESHED
+from lethe.engine.methods.masc.stop_policy import MascStopPolicy
 from lethe.engine.methods.masc.stop_rule import ErasureCondition, OnlineStopRule, RecordCheck, RecordStates
 
 MET = RecordCheck("", 0.0, 10, False)
