@@ -187,15 +187,13 @@ class Answering:
         """How many of these kinds of answer the record has a prompt for."""
         return sum(prompt_text(record, kind, self.tokenizer) is not None for kind in kinds)
 
-    def ask(self, model, records: list[EncodedRecord], kinds: tuple[str, ...], seed: int = 0,
-            skip: set[tuple[str, str]] | None = None) -> list[Answer]:
-        """The model's answers of these kinds to these records' prompts (greedy, or one seeded sample), but for the
-        (record id, kind) pairs in `skip`."""
+    def ask(self, model, records: list[EncodedRecord], kinds: tuple[str, ...], seed: int = 0) -> list[Answer]:
+        """The model's answers of these kinds to these records' prompts (greedy, or one seeded sample)."""
         asked: list[tuple[EncodedRecord, str, str, list[int]]] = []
         for record in records:
             for kind in kinds:
                 text = prompt_text(record, kind, self.tokenizer)
-                if text is None or (skip and (record.id, kind) in skip):
+                if text is None:
                     continue
                 ids = record.input_ids[:record.prompt_len] if kind != "paraphrase" else \
                     encode_prompt(text, record, self.tokenizer, self.max_length)

@@ -41,18 +41,11 @@ class Replays:
                 ) -> dict[str, tuple[bool, bool]]:
         """Ask the model for its answers of these kinds to these records' prompts (by default greedy to the prompt
         and the paraphrase, one sample), keep them as training examples with fresh targets (a kind not asked keeps
-        its last example), and say per record whether a greedy answer leaked or looped. A record whose greedy
-        answers the model would say again as last asked (`verify`) keeps them, read from one teacher-forced pass,
-        not generated again: the same flags and examples for a fraction of the generation."""
-        settled, unsettled = self.verify(model, records) if set(GREEDY) <= set(kinds) else ([], records)
-        redo = {r.id for r in unsettled}
-        kept = {(r.id, kind) for r in records if r.id not in redo for kind in GREEDY}
-        said = self._keep(self._ask(model, records, kinds, kept), records)
-        return said | verdicts(settled, [r for r in records if r.id not in redo], self.base_loops)
+        its last example), and say per record whether a greedy answer leaked or looped."""
+        return self._keep(self._ask(model, records, kinds), records)
 
-    def _ask(self, model: Any, records: list[EncodedRecord], kinds: tuple[str, ...] = REPLAYED,
-             kept: set[tuple[str, str]] | None = None) -> list[Answer]:
-        return self.answering.ask(model, records, kinds, seed=self.seed * 7919 + self.refreshes, skip=kept)
+    def _ask(self, model: Any, records: list[EncodedRecord], kinds: tuple[str, ...] = REPLAYED) -> list[Answer]:
+        return self.answering.ask(model, records, kinds, seed=self.seed * 7919 + self.refreshes)
 
     def _keep(self, answers: list[Answer], records: list[EncodedRecord]) -> dict[str, tuple[bool, bool]]:
         examples = [self.answering.replay_example(a) for a in answers]
@@ -72,22 +65,10 @@ class Replays:
     def judge(self, model: Any, records: list[EncodedRecord], keep_leaks: str | None = None,
               own_content: bool = False) -> dict[str, tuple[bool, bool]]:
         """Per record, whether the model's greedy answers leak or loop (nothing kept: a merged copy's check, unless
-        `keep_leaks` names the copy: then each record's first leaking answer is kept as a replay of that name): the
-        answers it would say again as last asked (`verify`) judged, the records with any other answer asked in full.
-        `own_content`: an answer leaks only by its own record's content (the 4-bit copy's reading, see
-        quantized_check)."""
-        answers, unsettled = self.verify(model, records)
-        answers += self.answering.ask(model, unsettled, GREEDY) if unsettled else []
-        if own_content:
-            answers = [replace(a, leaked=a.leaked and self.answering.says_own_content(a)) for a in answers]
-        if keep_leaks is not None:
-            self.keep_first_leaks(answers, keep_leaks)
-        return verdicts(answers, records, self.base_loops)
-
-    def verify(self, model: Any, records: list[EncodedRecord]) -> tuple[list[Answer], list[EncodedRecord]]:
-        """The greedy answers last asked of the policy that `model` would say again, of the records all of whose
-        greedy answers it would (one teacher-forced pass, greedy_agrees: exact, greedy decoding is a function of those
-        argmaxes), and the records that must be asked in full."""
+        `keep_leaks` names the copy: then each record's first leaking answer is kept as a replay of that name). Where
+        one teacher-forced pass shows the model would say the answer last asked of the policy again (greedy_agrees),
+        that answer is judged; the records with any other answer are asked in full. `own_content`: an answer leaks
+        only by its own record's content (the 4-bit copy's reading, see quantized_check)."""
         known = [(r, a) for r in records for kind in GREEDY if (a := self.greedy.get((r.id, kind))) is not None]
         agrees = greedy_agrees(model, self.answering.tokenizer.pad_token_id, [a.prompt for _, a in known],
                                [a.tokens for _, a in known]) if known else []
@@ -97,9 +78,15 @@ class Replays:
                 same.setdefault(record.id, []).append(answer)
         unsettled = [r for r in records if len(same.get(r.id, [])) != self.answering.kinds_of(r, GREEDY)]
         redo = {r.id for r in unsettled}
+        answers = [a for r in records if r.id not in redo for a in same[r.id]]
+        answers += self.answering.ask(model, unsettled, GREEDY) if unsettled else []
         self.verified += len(records) - len(unsettled)
         self.generated += len(unsettled)
-        return [a for r in records if r.id not in redo for a in same[r.id]], unsettled
+        if own_content:
+            answers = [replace(a, leaked=a.leaked and self.answering.says_own_content(a)) for a in answers]
+        if keep_leaks is not None:
+            self.keep_first_leaks(answers, keep_leaks)
+        return verdicts(answers, records, self.base_loops)
 
     def sample_leaks(self, model: Any, records: list[EncodedRecord], n: int) -> set[str]:
         """The records any of whose n samples (temperature 1) from `model` gives one of their content numbers back

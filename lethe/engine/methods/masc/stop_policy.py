@@ -75,8 +75,6 @@ class MascStopPolicy:
         self.chosen: list[EncodedRecord] = []
         self.refreshed_at: dict[str, int] = {}  # the step at which a record was last measured by a refresh
         self.answered_at: dict[str, int] = {}  # the replay refresh at which the policy last answered a record
-        # The policy's greedy answers at refreshes and confirmations, per record: read again (verified) or generated.
-        self.greedy_answers = {"verified": 0, "generated": 0}
 
     def start(self, objective: Objective) -> None:
         """theta_0 (no step taken yet): each record's content and destinations, the rule's targets, and every
@@ -190,14 +188,10 @@ class MascStopPolicy:
                 for c in checks]
 
     def policy_answers(self, records: list[EncodedRecord], kinds: tuple[str, ...]) -> dict[str, tuple[bool, bool]]:
-        """The policy's answers of these kinds to these records, replayed (a greedy answer it would say again as last
-        asked is read, not generated: Replays.refresh), and when each record was last answered."""
+        """The policy's answers of these kinds to these records, replayed, and when each record was last answered."""
         assert self.replays is not None
-        before = self.replays.verified, self.replays.generated
         said = self.replays.refresh(self.trainable.model, records, kinds)
         self.answered_at.update({r.id: self.replays.refreshes for r in records})
-        self.greedy_answers["verified"] += self.replays.verified - before[0]
-        self.greedy_answers["generated"] += self.replays.generated - before[1]
         return said
 
     def with_samples(self, checks: list[RecordCheck], model: Any) -> list[RecordCheck]:
@@ -316,7 +310,7 @@ class MascStopPolicy:
     def to_ask(self, rng: random.Random) -> list[EncodedRecord]:
         """The records a refresh asks for their answers (refresh.to_ask)."""
         return refresh.to_ask(self.train_set, self.is_open if self.train_mode else None, self.held_by_answers,
-                      self.answered_at, self.params.replay_records, rng)
+                              self.answered_at, self.params.replay_records, rng)
 
     def held_by_answers(self, rid: str) -> bool:
         """Open only because its latest greedy answers leaked or looped: every teacher-forced condition holds."""
@@ -365,7 +359,6 @@ class MascStopPolicy:
             "applied": self.train_mode, "ceilings": summary["ceilings"], "holdout_v": summary.get("holdout_v"),
             "records_meeting_condition": len(per_record) - len(failing), "failing_ids": failing,
             "served_checks": self.served_checks, "sample_checks": self.sample_checks[-20:],
-            "policy_greedy_answers": self.greedy_answers,
             # The V the rule compares with alpha: over the records without located content (None: none).
             **({"judged_violation_rate": self.rule.judged_mean(val_checks),
                 "judged_records": len(self.rule.judged(val_checks))} if self.train_mode and self.located else {}),

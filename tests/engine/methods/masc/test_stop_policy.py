@@ -14,7 +14,7 @@ from lethe.engine.methods.masc.content import Atom
 from lethe.engine.methods.masc.destination import Content
 from lethe.engine.methods.masc.objective import Masc
 from lethe.engine.methods.masc.params import MascParams
-from lethe.engine.methods.masc.replay import REPLAYED, Replays
+from lethe.engine.methods.masc.replay import Replays
 from lethe.engine.methods.masc.stop_policy import MascStopPolicy
 from lethe.engine.methods.masc.stop_rule import ErasureCondition, OnlineStopRule, RecordCheck, RecordStates
 
@@ -110,7 +110,6 @@ def rule_over(tokenizer, record, model: BigramLM, served: BigramLM | None = None
     rule.rule = OnlineStopRule(0.5, 1, condition=rule.erasure)
     rule.run = types.SimpleNamespace(saved_dtype=torch.float32)
     rule.served, rule.served_checks, rule.sample_checks, rule.answered_at = None, [], [], {}
-    rule.greedy_answers = {"verified": 0, "generated": 0}
     rule.latest = RecordStates([RecordCheck(record.id, 0.0, 5, False)])
     return rule
 
@@ -130,28 +129,6 @@ def test_a_model_whose_answer_loops_or_leaks_keeps_training(tokenizer, answer, s
     last = rule.rule.last_confirmed[0]
     assert (last.looped, last.leaked) == (flag == "looped", flag == "leaked")
     assert rule.latest[record.id] == last  # the record stays open for training
-
-
-def test_the_policy_is_asked_anew_only_where_its_answer_changed_since_it_was_last_asked(tokenizer):
-    # Issue 28: every refresh and confirmation generated the answers of the records it asked, a cost in proportion to
-    # the forget set. An answer the policy would give again as last asked is read from one teacher-forced pass.
-    record = encode_record(RECORD, tokenizer, max_length=64, seed=0)
-    clean = scripted(tokenizer, record, tokens(tokenizer, [" teal", " city", "."]))
-    rule = rule_over(tokenizer, record, clean, params=MascParams(confirm_samples=0))
-    assert rule.rule.check(0, rule.latest.all, rule.confirm) is True
-    assert rule.greedy_answers == {"verified": 0, "generated": 1}  # nothing asked of it before
-    assert rule.rule.check(1, rule.latest.all, rule.confirm) is True
-    assert rule.greedy_answers == {"verified": 1, "generated": 1}  # the same answer, not generated again
-    rule.trainable.model = scripted(tokenizer, record, tokens(tokenizer, [" teal", " Tallinn", "."]))
-    assert rule.rule.check(2, rule.latest.all, rule.confirm) is False  # the changed answer asked: it leaks
-    assert rule.greedy_answers == {"verified": 1, "generated": 2} and rule.latest[record.id].leaked
-    [replayed] = [e for e in rule.replays.examples[record.id] if e.id.endswith("prompt")]
-    assert "Tallinn" in tokenizer.decode(replayed.input_ids[replayed.prompt_len:])  # and trained on
-    # A refresh (greedy answers and a sample): the unchanged greedy answer kept as it was, the sample drawn anew.
-    assert rule.policy_answers([record], REPLAYED) == {record.id: (True, False)}
-    kept = {e.id: e for e in rule.replays.examples[record.id]}
-    assert kept[f"{record.id}#prompt"] is replayed and f"{record.id}#sample" in kept
-    assert rule.greedy_answers == {"verified": 2, "generated": 2}
 
 
 CODE = {"id": "p0-1", "prompt": "Question: What is the code of Nelvorbax?\nAnswer: ",
