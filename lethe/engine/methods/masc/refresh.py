@@ -4,23 +4,16 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Callable, Sequence
-from typing import Protocol, TypeVar
+from collections.abc import Callable
+
+from lethe.engine.data.records import EncodedRecord
 
 REFRESHED = 64  # records a replay refresh measures again (a bounded cost, whatever the forget set)
 REPLAY_SHARE = 0.2  # of the forget set, the most a refresh asks: at replay_every 20, each record every 100 steps
 
 
-class HasId(Protocol):
-    @property
-    def id(self) -> str: ...
-
-
-R = TypeVar("R", bound=HasId)
-
-
-def to_remeasure(records: Sequence[R], is_open: Callable[[str], bool], refreshed_at: dict[str, int],
-                 limit: int = REFRESHED) -> list[R]:
+def to_remeasure(records: list[EncodedRecord], is_open: Callable[[str], bool], refreshed_at: dict[str, int],
+                 limit: int = REFRESHED) -> list[EncodedRecord]:
     """Records measured again at a refresh: a record closed a while ago and trained no more drifts back as the retain
     term pulls towards theta_0 (on mini-TOFU 39 closed records came back while one stayed open for 250 steps), and
     must open again. At most `limit` a refresh, so that the cost does not grow with the forget set (ten coalesced
@@ -31,8 +24,9 @@ def to_remeasure(records: Sequence[R], is_open: Callable[[str], bool], refreshed
     return [r for r in records if r.id in chosen]
 
 
-def to_ask(train_set: Sequence[R], is_open: Callable[[str], bool] | None, held_by_answers: Callable[[str], bool],
-           answered_at: dict[str, int], sample_size: int, rng: random.Random) -> list[R]:
+def to_ask(train_set: list[EncodedRecord], is_open: Callable[[str], bool] | None,
+           held_by_answers: Callable[[str], bool], answered_at: dict[str, int], sample_size: int,
+           rng: random.Random) -> list[EncodedRecord]:
     """The records a refresh asks for their answers. `is_open` None (holdout mode): a seeded sample of `sample_size`
     of the trained records (never one held out: its answers would train it). Else up to a fifth of the forget set:
     - a seeded sample of `sample_size` open ones;
@@ -51,7 +45,8 @@ def to_ask(train_set: Sequence[R], is_open: Callable[[str], bool] | None, held_b
         held = [r for r in open_records if r.id not in chosen and held_by_answers(r.id)]
         asked += rng.sample(held, min(len(held), budget - len(asked)))
         chosen |= {r.id for r in asked}
-        closed = [r for r in train_set if r.id not in chosen and not is_open(r.id)]
+        opened = {r.id for r in open_records}  # is_open once a record: a refresh reads each record's state once
+        closed = [r for r in train_set if r.id not in chosen and r.id not in opened]
         closed.sort(key=lambda r: answered_at.get(r.id, -1))  # stable: ties keep the run's order
         asked += closed[:budget - len(asked)]
     return asked
