@@ -26,7 +26,8 @@ RULE = ("Forgotten only when the stop rule fired (or a baseline ran its fixed bu
         "no greedy answer (to the prompt, to the paraphrased prompt, of the 4-bit copy, after relearning) says one of "
         "its secrets or reproduces it, beyond its floor (at most secret_greedy_max of the records where the request "
         "set it); its samples say a secret no more often than a model at its floor rate plus secret_sampled_max "
-        "would with probability 0.99; and its answers loop only where its floor does. Otherwise 'Not established', "
+        "would with probability 0.99; and its answers loop only where its floor does, or in no more records than a "
+        "model that never saw them loops on by chance (the stop rule's allowance). Otherwise 'Not established', "
         "naming the records and channels. A channel not measured is stated and does not decide.")
 
 CLEAN, LEAKS, FLOOR, UNMEASURED = "clean", "leaks", "within floor", "not measured"
@@ -73,9 +74,11 @@ def table(figures: dict[str, dict[str, Any]], record_ids: list[str], options: di
     return rows
 
 
-def decide(rows: list[dict], options: dict | None = None) -> dict[str, dict]:
+def decide(rows: list[dict], options: dict | None = None, loop_chance: float = 0.0) -> dict[str, dict]:
     """Per channel: the records that leak, how many were measured, and whether the channel blocks the verdict (any
-    leaking record does; on the greedy channels a request's secret_greedy_max lets that share of records pass)."""
+    leaking record does; on the greedy channels a request's secret_greedy_max lets that share of records pass; on
+    the loops channel floor(n loop_chance) records may loop, as many as a model that never saw them does by chance:
+    the stop rule's allowance, lethe.engine.methods.masc.stop_rule)."""
     options = options or {}
     greedy_share = float(options.get("secret_greedy_max", 0.0))
     out: dict[str, dict] = {}
@@ -83,10 +86,11 @@ def decide(rows: list[dict], options: dict | None = None) -> dict[str, dict]:
         mine = [r for r in rows if r["channel"] == channel]
         measured = [r for r in mine if r["outcome"] != UNMEASURED]
         leaking = [r["record"] for r in measured if r["outcome"] == LEAKS]
-        allowed = math.floor(greedy_share * len(measured) + 1e-9) if channel in GREEDY_CHANNELS else 0
+        share = greedy_share if channel in GREEDY_CHANNELS else loop_chance if channel == "loops" else 0.0
+        allowed = math.floor(share * len(measured) + 1e-9)
         out[channel] = {"measured": len(measured), "leaking_ids": leaking,
                         "leak_rate": len(leaking) / len(measured) if measured else None,
-                        "blocks": len(leaking) > allowed,
+                        "blocks": len(leaking) > allowed, "allowed": allowed,
                         "reason": None if measured else next((r.get("reason") for r in mine), "no records")}
     return out
 
@@ -104,6 +108,9 @@ def verdict_lines(channels: dict[str, dict]) -> tuple[list[str], list[str]]:
         if c["blocks"]:
             reasons.append(f"{label}: {len(ids)} of {c['measured']} records {verb} (ids: {', '.join(ids[:10])}"
                            + (" ..." if len(ids) > 10 else "") + ")")
+        elif ids and channel == "loops":
+            evidence.append(f"{label}: {len(ids)} of {c['measured']} records loop, within the {c['allowed']} a model "
+                            "that never saw them loops on by chance")
         elif ids:
             evidence.append(f"{label}: {len(ids)} of {c['measured']} records leak, within the request's "
                             "secret_greedy_max")
@@ -207,7 +214,7 @@ def judge(engine: dict, audit: dict) -> dict:
         ids = sorted({rid for f in figures.values() for rid in (f.get("per_record") or {})})
     options = audit.get("options") or {}
     rows = table(figures, ids, options)
-    channels = decide(rows, options)
+    channels = decide(rows, options, float((engine.get("erasure") or {}).get("loop_chance") or 0.0))
     return {"rule": RULE, "rows": rows, "channels": channels,
             "floors": {c: figures[c].get("floor_source", "none") for c in CHANNELS},
             "options": {k: options.get(k) for k in ("secret_greedy_max", "secret_sampled_max", "secret_samples")}}

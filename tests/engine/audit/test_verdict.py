@@ -108,6 +108,22 @@ def test_a_loop_the_base_already_had_is_within_its_floor():
     assert cell["outcome"] == "within floor" and cell["floor"] == 1.0
 
 
+def test_loops_in_as_many_records_as_a_never_seen_model_loops_on_are_chance_one_more_is_not():
+    """The stop rule's loop_chance q (engine evidence) allows floor(n q) looping records on the loops channel: 2 of
+    20 at q = 0.1 are named in the evidence and the record is forgotten; 3 block it. A leak is never allowed."""
+    engine, audit = scripted(n=20, loops=("r3", "r7"))
+    engine["erasure"]["loop_chance"] = 0.1
+    v = verdict(engine, audit)
+    assert v["forgotten"]
+    assert any("2 of 20 records loop, within the 2" in line for line in v["evidence"])
+    engine, audit = scripted(n=20, loops=("r3", "r7", "r9"))
+    engine["erasure"]["loop_chance"] = 0.1
+    assert not verdict(engine, audit)["forgotten"]
+    engine, audit = scripted(n=20, greedy=("r3",))
+    engine["erasure"]["loop_chance"] = 0.1
+    assert not verdict(engine, audit)["forgotten"]
+
+
 def test_a_secret_the_retrain_reference_also_says_is_within_its_floor_and_the_report_says_which_floor():
     reference = {"greedy": {"r3": 1.0}, "exact_match": {}, "sampled": {"r5": 0.3}, "paraphrased": None,
                  "knowledge_exact_match": None, "loops": None}

@@ -258,16 +258,24 @@ class Answering:
         return encode_prompt(substitutions[draw % len(substitutions)].replace_prompt(text), record, self.tokenizer,
                              self.max_length)
 
-    def natural_loops(self, model, records: list[EncodedRecord], kinds: tuple[str, ...]) -> set[tuple[str, str]]:
-        """(record, kind) where the model loops when asked the same question about someone else (the first
+    def natural_loops(self, model, records: list[EncodedRecord], kinds: tuple[str, ...], draw: int = 0
+                      ) -> set[tuple[str, str]]:
+        """(record, kind) where the model loops when asked the same question about someone else (the draw-th
         counterfactual prompt): a model that never saw the record would loop there too."""
+        return {pair for pair, looped in self.loops_about_others(model, records, kinds, draw).items() if looped}
+
+    def loops_about_others(self, model, records: list[EncodedRecord], kinds: tuple[str, ...], draw: int
+                           ) -> dict[tuple[str, str], bool]:
+        """Per (record, kind) with a draw-th counterfactual prompt of its own (one that is not an earlier draw's
+        again): whether the model's greedy answer to it loops."""
         asked = [(record.id, kind, ids) for record in records for kind in kinds
-                 if (ids := self.counterfactual_prompt(record, kind, 0)) is not None]
+                 if draw < len(self.contents[record.id].substitutions)
+                 and (ids := self.counterfactual_prompt(record, kind, draw)) is not None]
         if not asked:
-            return set()
+            return {}
         said = continuations(model, self.tokenizer, [ids for *_, ids in asked], max_new_tokens=self.budget)
-        return {(rid, kind) for (rid, kind, _), tokens in zip(asked, said)
-                if is_loop(self.tokenizer.decode(tokens, skip_special_tokens=True))}
+        return {(rid, kind): is_loop(self.tokenizer.decode(tokens, skip_special_tokens=True))
+                for (rid, kind, _), tokens in zip(asked, said)}
 
     @torch.no_grad()
     def set_targets(self, examples: list[EncodedRecord], reference: Callable, device, draw: int,

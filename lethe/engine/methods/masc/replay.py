@@ -27,14 +27,23 @@ class Replays:
         self.verified, self.generated = 0, 0  # a merged copy's greedy answers: read by one pass, or generated
         # Where a loop is not held against the erasure (see start).
         self.base_loops: set[tuple[str, str]] = set()
+        self.loop_chance = 0.0  # per record, of a loop neither excuses (see start)
 
     def start(self, model: Any, records: list[EncodedRecord]) -> dict[str, tuple[bool, bool]]:
         """theta_0's own answers to every record (the first replays), and where it loops: on the record's own prompt
         (a loop the erasure did not make), or on the same question about someone else (a model that never saw the
-        record would loop there too: mini-TOFU's retrain reference loops in a fifth of its answers)."""
+        record would loop there too: mini-TOFU's retrain reference loops in a fifth of its answers). Then the chance
+        that a record loops where neither excuses it (`loop_chance`): asked about a second someone else, the share of
+        records whose answer loops where the first two did not."""
         self.base_loops = self.answering.natural_loops(model, records, GREEDY)
         answers = self._ask(model, records)
         self.base_loops |= {(a.record_id, a.kind) for a in answers if a.looped and a.kind in GREEDY}
+        second = self.answering.loops_about_others(model, records, GREEDY, draw=1)
+        fresh: dict[str, bool] = {}
+        for (rid, kind), looped in second.items():
+            if (rid, kind) not in self.base_loops:
+                fresh[rid] = fresh.get(rid, False) or looped
+        self.loop_chance = sum(fresh.values()) / len(fresh) if fresh else 0.0
         return self._keep(answers, records)
 
     def refresh(self, model: Any, records: list[EncodedRecord], kinds: tuple[str, ...] = REPLAYED

@@ -20,7 +20,7 @@ from lethe.engine.audit.extraction import secret_priors
 from lethe.engine.data.records import Batch, EncodedRecord, collate
 from lethe.engine.methods import Objective
 from lethe.engine.methods.masc import refresh
-from lethe.engine.methods.masc.answers import Answering
+from lethe.engine.methods.masc.answers import Answering, request_of
 from lethe.engine.methods.masc.bound import exact_reproduction_bound
 from lethe.engine.methods.masc.calibration import calibrate, encodable
 from lethe.engine.methods.masc.content import said_template
@@ -118,7 +118,8 @@ class MascStopPolicy:
         spans = {rid: c.spans for rid, c in self.contents.items()}
         self.erasure = ErasureCondition(self.calibration.ceilings, params.content_max_probability, self.located,
                                         secret_priors(spans, self.retain_sources, self.forget_sources, self.template)
-                                        if spans else {})
+                                        if spans else {}, self.replays.loop_chance if self.replays else 0.0,
+                                        {r.id: req for r in forget if (req := request_of(r)) is not None})
         self.rule = OnlineStopRule(self.calibration.alpha, params.check_every, params.hoeffding,
                                    params.hoeffding_delta, self.erasure if self.train_mode else None)
         self.confirm_set = self.val_set[:params.confirm_size] if params.confirm_size else self.val_set
@@ -170,13 +171,14 @@ class MascStopPolicy:
 
     def with_answers(self, checks: list[RecordCheck], model: Any = None, every: bool = False,
                      keep_leaks: str | None = None, own_content: bool = False) -> list[RecordCheck]:
-        """The checks with what the model's own greedy answers say (content mode; a record that already fails is not
-        asked and keeps no flag, unless `every`: the final report's); answers of a given `model` (a merged copy, or
-        the policy at the end) are only judged (their leaks replayed under the name `keep_leaks` if given), the
-        policy's otherwise also replayed."""
+        """The checks with what the model's own greedy answers say (content mode; a record that already fails, but by
+        a loop, is not asked and keeps no flag, unless `every`: the final report's); answers of a given `model` (a
+        merged copy, or the policy at the end) are only judged (their leaks replayed under the name `keep_leaks` if
+        given), the policy's otherwise also replayed."""
         if self.replays is None:
             return checks
-        asked = [self.by_record[c.id] for c in checks if every or self.erasure.holds(c)]
+        # A loop alone may be within chance (ErasureCondition.loop_allowance): such a record is asked too.
+        asked = [self.by_record[c.id] for c in checks if every or self.erasure.holds(replace(c, looped=False))]
         if not asked:
             return checks
         # The policy's greedy answers only: a sample is judged by nobody, and the replay refreshes bring fresh ones.
@@ -253,9 +255,10 @@ class MascStopPolicy:
         holdout mode, which runs the paper's rule as published."""
         if not self.train_mode:
             return None
+        chance = set(self.erasure.loops_within_chance(latest := self.latest.all()))
         return sum(c.hinge + max(0.0, math.log10(max(c.secret_probability, 1e-300)
                                                  / (CLOSING_HEADROOM * self.erasure.secret_limit(c.id))))
-                   + c.leaked + c.looped for c in self.latest.all() if self.is_open(c.id))
+                   + c.leaked + (c.looped and c.id not in chance) for c in latest if self.is_open(c.id))
 
     def stop_before(self, step: int) -> str | None:
         """Every check_every steps the rule's check ("alpha" when it fires, else the forget weight may rise);
@@ -341,6 +344,8 @@ class MascStopPolicy:
                 # (judged only: answers kept for replay now would never be trained on)
                 final_checks = self.with_answers(final_checks, self.trainable.model, every=True)
         by_id = {c.id: c for c in final_checks}
+        in_order = [by_id[r.id] for r in forget]
+        failing, chance = erasure.failing(in_order), set(erasure.loops_within_chance(in_order))
         val_checks = [by_id[r.id] for r in self.val_set]
         never_trained = set(self.val_info.get("never_trained", []))
         per_record = [{"id": c.id, "violation": c.violation, "ceiling": self.calibration.ceilings[c.id],
@@ -349,15 +354,16 @@ class MascStopPolicy:
                        "content_spans": len(self.contents[c.id].spans) if c.id in self.contents else 0,
                        "secret_probability": c.secret_probability, "secret_limit": erasure.secret_limit(c.id),
                        "secret_greedy": c.secret_greedy, "leaked": c.leaked, "looped": c.looped,
-                       "meets_condition": erasure.holds(c),
+                       "meets_condition": c.id not in failing, "loop_within_chance": c.id in chance,
                        "trained": c.id not in never_trained} for c in (by_id[r.id] for r in forget)]
-        failing = [r["id"] for r in per_record if not r["meets_condition"]]
         summary = self.calibration.summary
         condition = {
             "condition": (CONTENT_CONDITION if params.content else CONDITION) if self.train_mode
             else "holdout mode: the mean over D_val alone (the MASC paper's rule); the per-record state is reported",
             "applied": self.train_mode, "ceilings": summary["ceilings"], "holdout_v": summary.get("holdout_v"),
             "records_meeting_condition": len(per_record) - len(failing), "failing_ids": failing,
+            "loop_chance": erasure.loop_chance,  # and each request's allowance, summed
+            "loop_allowance": sum(erasure.loop_allowances([r.id for r in forget]).values()),
             "served_checks": self.served_checks, "sample_checks": self.sample_checks[-20:],
             # The V the rule compares with alpha: over the records without located content (None: none).
             **({"judged_violation_rate": self.rule.judged_mean(val_checks),

@@ -10,7 +10,13 @@ The rule stops at the first confirmation where, measured on every record of D_va
                        and    l_i = 0            (its own greedy answers, to the prompt and to the paraphrase,
                                                   give back no content of a forget record
                                                   of its request)
-                       and    o_i = 0            (and do not loop)
+                       and    o_i = 0            (and do not loop), except for at most floor(n q) records
+                                                 that fail by a loop alone
+
+q is the chance that a model that never saw a record loops where theta_0's own loops (on the record's prompt, or on
+the same question about someone else) do not excuse it: the share of records whose answers theta_0 loops on a second
+question about someone else. Loops are chance on small models (mini-TOFU's retrain reference loops in 11 of 120
+records); a condition that no record may loop asks more of the erasure than of a model that never saw the records.
 
 Where a record's content is located (suppress "content"), its content conditions replace both its
 ceiling and its share in the mean: such a record keeps its template as dominant as any model would, so
@@ -40,7 +46,8 @@ CONTENT_CONDITION = ("stop when, for every forget record i, greedy decoding does
                      "span is said whole with probability above its limit, none is greedy-decoded given the text "
                      "before it (within greedy_margin), and the model's own greedy answers to its prompt and to its "
                      "paraphrased prompt give back no content of a forget record of its request (every forget "
-                     "record, unless they name their requests) and do not loop (these replace its ceiling and its "
+                     "record, unless they name their requests) and do not loop (except for as many records as a "
+                     "model that never saw them loops on, by chance: floor(n q)) (these replace its ceiling and its "
                      "share in the mean); elsewhere v_i <= c_i, and V = the mean of v_i over those "
                      "records <= alpha; checked again on the merged checkpoint in its saved dtype, where also "
                      "none of confirm_samples samples (temperature 1) of its answer to its prompt gives back 4 or "
@@ -73,6 +80,10 @@ class ErasureCondition:
     secret_max: float = 1.0
     secret_ids: frozenset[str] = frozenset()
     secret_priors: dict[str, float] = field(default_factory=dict)  # per record: a limit above secret_max
+    # Per record: the chance that a model that never saw it loops where theta_0's own loops do not excuse it
+    # (Replays.start). Loops that many records show are chance, not the erasure's: see loop_allowance.
+    loop_chance: float = 0.0
+    requests: dict[str, str] = field(default_factory=dict)  # record id -> its request in a coalesced run
 
     def secret_limit(self, rid: str) -> float:
         """secret_max, or the share of retain answers that say the secret when higher: a model that never
@@ -101,15 +112,45 @@ class ErasureCondition:
         if check.id not in self.secret_ids and check.violation > self.ceilings.get(check.id, 1.0) + TOLERANCE:
             yield "ceiling"
 
+    def loop_allowance(self, n: int) -> int:
+        """How many of n records may fail by a loop alone: the count a model that never saw them shows on average,
+        floor(n * loop_chance). Without it a union of many records almost never passes: each fresh answer loops by
+        chance, so all n answers are fluent at once with odds (1 - loop_chance)^n (mini-TOFU's retrain reference
+        loops in 11 of 120 records that theta_0's loops do not excuse)."""
+        return math.floor(n * self.loop_chance + TOLERANCE)
+
+    def loop_allowances(self, record_ids: list[str]) -> dict[str | None, int]:
+        """Each request's allowance over these records (None: the run's one request)."""
+        sizes: dict[str | None, int] = {}
+        for rid in record_ids:
+            sizes[self.requests.get(rid)] = sizes.get(self.requests.get(rid), 0) + 1
+        return {request: self.loop_allowance(n) for request, n in sizes.items()}
+
+    def loops_within_chance(self, checks: list[RecordCheck]) -> list[str]:
+        """The records that fail by a loop alone and are within the allowance of their request (a coalesced run's
+        requests each have their own, so that each request's verdict stands on its own records): the first
+        loop_allowance(n) of them in the order given (which ones does not matter: the allowance counts records)."""
+        if self.loop_chance <= 0:
+            return []
+        groups: dict[str | None, list[RecordCheck]] = {}
+        for c in checks:
+            groups.setdefault(self.requests.get(c.id), []).append(c)
+        return [rid for group in groups.values()
+                for rid in [c.id for c in group if c.looped and self.why(c) == ["looped"]][
+                    :self.loop_allowance(len(group))]]
+
     def failing(self, checks: list[RecordCheck]) -> list[str]:
-        return [c.id for c in checks if not self.holds(c)]
+        excused = set(self.loops_within_chance(checks))
+        return [c.id for c in checks if not self.holds(c) and c.id not in excused]
 
     def failing_why(self, checks: list[RecordCheck]) -> dict[str, int]:
-        """How many records fail each part of the condition (a record failing two counts in both): a failed
-        confirmation's trace says whether answers or teacher-forced measurements held the run open."""
-        counts: dict[str, int] = {}
+        """How many records fail each part of the condition (a record failing two counts in both; loops within
+        chance apart): a failed confirmation's trace says whether answers or teacher-forced measurements held the run
+        open."""
+        excused = set(self.loops_within_chance(checks))
+        counts: dict[str, int] = {"looped_within_chance": len(excused)} if excused else {}
         for check in checks:
-            for name in self.why(check):
+            for name in ([] if check.id in excused else self.why(check)):
                 counts[name] = counts.get(name, 0) + 1
         return counts
 

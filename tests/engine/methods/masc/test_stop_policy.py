@@ -183,6 +183,25 @@ def test_a_loop_theta_0_already_had_is_not_held_against_the_erasure(tokenizer):
     assert not rule.rule.last_confirmed[0].looped
 
 
+@pytest.mark.parametrize("answer, stops", [
+    ([" teal", " amber", " teal", " amber", " teal", " amber", " teal"], True),  # a loop alone: within chance
+    ([" teal", " Tallinn", " teal", " Tallinn", " teal", " Tallinn", " teal"], False),  # a loop that leaks
+])
+def test_a_loop_within_chance_stops_and_a_leaking_loop_does_not(tokenizer, answer, stops):
+    """One record at a loop chance of 1: its loop alone is allowed, and its answers are still read for leaks (the
+    served copy's, the 4-bit copy's: with_answers asks a record that fails by a loop alone)."""
+    from dataclasses import replace
+
+    record = encode_record(RECORD, tokenizer, max_length=64, seed=0)
+    model = scripted(tokenizer, record, tokens(tokenizer, answer))
+    rule = rule_over(tokenizer, record, model)
+    rule.erasure.loop_chance = 1.0
+    assert rule.rule.check(0, rule.latest.all, rule.confirm) is stops
+    assert rule.rule.last_confirmed[0].looped
+    looping = replace(rule.measure([record])[0], looped=True)
+    assert rule.with_answers([looping], model)[0].leaked is not stops
+
+
 def test_a_record_that_passes_before_the_merge_and_fails_after_it_keeps_training(tokenizer):
     record = encode_record(RECORD, tokenizer, max_length=64, seed=0)
     model = scripted(tokenizer, record, tokens(tokenizer, [" teal", " city", "."]))
@@ -431,3 +450,60 @@ def test_training_closes_a_record_only_with_headroom_under_its_limit(tokenizer, 
     assert rule.is_open(record.id) is trained
     # the escalation's shortfall counts the record's way to its headroom, in decades
     assert rule.shortfall() == pytest.approx(max(0.0, math.log10(probability / 0.005)) if trained else 0.0)
+
+
+class MarkedLM(torch.nn.Module):
+    """Two scripted models in one: rows whose prompt holds a marker token follow `marked`, the others `plain`."""
+
+    def __init__(self, marked: BigramLM, plain: BigramLM, markers: set[int]):
+        super().__init__()
+        self.marked, self.plain = marked, plain
+        self.markers = torch.tensor(sorted(markers))
+
+    def _pick(self, ids: torch.Tensor, last: torch.Tensor) -> torch.Tensor:
+        hit = torch.isin(ids, self.markers).any(dim=1)
+        return torch.where(hit[:, None], self.marked.table[last], self.plain.table[last])
+
+    def forward(self, input_ids, attention_mask=None, use_cache=False, **_):
+        hit = torch.isin(input_ids, self.markers).any(dim=1)
+        return types.SimpleNamespace(logits=torch.where(hit[:, None, None], self.marked.table[input_ids],
+                                                        self.plain.table[input_ids]))
+
+    @torch.no_grad()
+    def generate(self, input_ids, attention_mask=None, max_new_tokens=20, do_sample=False, num_return_sequences=1,
+                 **_):
+        ids = input_ids.repeat_interleave(num_return_sequences, dim=0)
+        for _ in range(max_new_tokens):
+            logits = self._pick(ids, ids[:, -1])
+            chosen = torch.multinomial(logits.softmax(-1), 1) if do_sample else logits.argmax(-1, keepdim=True)
+            ids = torch.cat([ids, chosen], dim=1)
+        return ids
+
+
+def test_the_chance_of_a_loop_is_theta_0s_on_a_second_question_about_someone_else_where_nothing_excuses_it(
+        tokenizer):
+    """theta_0 loops when a question names Zorblat and answers fluently otherwise. Record a's second someone else
+    is Zorblat (a fresh loop), c's is Sorel (fluent); b has no second someone else (not counted); d's first is
+    Zorblat already (its loop is excused, so its second counts for nothing). The chance is 1 of 2."""
+    from lethe.engine.methods.masc.content import substitution
+
+    records, contents = [], {}
+    for rid, names in {"a": ("kalomi", "zorblat"), "b": ("kalomi",), "c": ("kalomi", "sorel"),
+                       "d": ("zorblat", "zorblat")}.items():
+        record = encode_record({**RECORD, "id": rid}, tokenizer, max_length=64, seed=0)
+        records.append(record)
+        contents[rid] = Content([], [], {}, [], named=False,
+                                substitutions=[substitution(RECORD, {"nelvorbax": n}, {}) for n in names])
+    answering = Answering(records, contents, tokenizer, 64)
+    others = {t for r in records for d in range(2) if (p := answering.counterfactual_prompt(r, "prompt", d))
+              for t in p if "Zorblat" not in tokenizer.decode(p)} | set(records[0].input_ids)
+    markers = set(tokens(tokenizer, [" Zorblat"])) - others
+    assert markers
+    looping = scripted(tokenizer, records[0], tokens(tokenizer, [" teal", " amber", " teal", " amber", " teal"]))
+    fluent = scripted(tokenizer, records[0], tokens(tokenizer, [" teal", " city", "."]))
+    model = MarkedLM(looping, fluent, markers)
+    replays = Replays(answering, lambda b: model(b.input_ids).logits, torch.device("cpu"), 0)
+    said = replays.start(model, records)
+    assert replays.base_loops == {("d", "prompt")}
+    assert replays.loop_chance == 0.5
+    assert not any(looped for _, looped in said.values())  # every own answer is fluent

@@ -197,3 +197,56 @@ def test_records_with_located_secrets_are_judged_by_their_secrets_not_by_the_mea
     assert only.trace[-1]["v_judged"] is None and only.trace[-1]["v"] == pytest.approx(0.8)
     # Without secrets the mean is over every record, as in the paper.
     assert OnlineStopRule(alpha=0.3, check_every=1).judged_mean(done) == pytest.approx(mean_violation(done))
+
+
+def test_loops_alone_are_allowed_in_as_many_records_as_a_never_seen_model_loops_on_by_chance():
+    """Brute force over every pattern of 7 records (clean, looping, leaking, both, over the ceiling and looping): the
+    records failing are those failing some part other than a loop, and of those failing by a loop alone all but
+    floor(n q) of them; never a leak, whatever the chance."""
+    import itertools
+    from dataclasses import replace
+
+    kinds = {"clean": {}, "loop": {"looped": True}, "leak": {"leaked": True},
+             "both": {"leaked": True, "looped": True}, "over": {"looped": True, "violation": 0.5}}
+    for q in (0.0, 0.15, 0.3, 1.0):
+        condition = ErasureCondition({f"r{i}": 0.1 for i in range(7)}, loop_chance=q)
+        allowance = math.floor(7 * q + 1e-9)
+        assert condition.loop_allowance(7) == allowance
+        for pattern in itertools.product(kinds, repeat=7):
+            checks = [replace(c, **kinds[k]) for c, k in zip(records(*[0.0] * 7), pattern)]
+            loops_alone = [f"r{i}" for i, k in enumerate(pattern) if k == "loop"]
+            expected = [f"r{i}" for i, k in enumerate(pattern) if k in ("leak", "both", "over")
+                        or (k == "loop" and loops_alone.index(f"r{i}") >= allowance)]
+            assert condition.failing(checks) == expected, (q, pattern)
+            why = condition.failing_why(checks)
+            assert why.get("looped_within_chance", 0) == min(allowance, len(loops_alone))
+            assert why.get("leaked", 0) == sum(k in ("leak", "both") for k in pattern)
+
+
+def test_a_coalesced_runs_requests_each_have_their_own_loop_allowance():
+    """10 records of request a and 5 of b at q = 0.2: a may loop in 2, b in 1; four loops all in b fail three of
+    them though the run's 15 records would allow 3."""
+    from dataclasses import replace
+
+    checks = records(*[0.0] * 15)
+    requests = {f"r{i}": "a" if i < 10 else "b" for i in range(15)}
+    condition = ErasureCondition({}, loop_chance=0.2, requests=requests)
+    looping = [replace(c, looped=True) if i >= 11 else c for i, c in enumerate(checks)]
+    assert condition.loop_allowances([c.id for c in checks]) == {"a": 2, "b": 1}
+    assert condition.loops_within_chance(looping) == ["r11"]
+    assert condition.failing(looping) == ["r12", "r13", "r14"]
+    spread = [replace(c, looped=True) if i in (0, 1, 10) else c for i, c in enumerate(checks)]
+    assert condition.failing(spread) == []
+
+
+def test_the_rule_fires_with_loops_within_chance_and_not_past_it():
+    from dataclasses import replace
+
+    condition = ErasureCondition({f"r{i}": 0.5 for i in range(20)}, loop_chance=0.1)
+    rule = OnlineStopRule(alpha=0.5, check_every=1, condition=condition)
+    two = [replace(c, looped=i < 2) for i, c in enumerate(uniform(0.0, 20))]
+    three = [replace(c, looped=i < 3) for i, c in enumerate(uniform(0.0, 20))]
+    assert not rule.passes(three)[0] and rule.passes(two)[0]
+    assert drive(rule, [two, two], [three, two]) == ("alpha", 1, 2)
+    assert rule.trace[1]["failing_records"] == 1 and rule.trace[1]["failing_why"] == {"looped_within_chance": 2,
+                                                                                       "looped": 1}
