@@ -41,6 +41,7 @@ class Answer:
     text: str
     leaked: bool  # gives some forget record's content span back
     looped: bool
+    own_leak: bool = False  # one of the spans it gives back is its own record's (else another record's)
 
 
 ANSWER_SLACK = 16  # new tokens past the longest answer that an answer may take
@@ -207,8 +208,9 @@ class Answering:
                                       max_new_tokens=self.budget)
             for (record, kind, text, ids), tokens in zip(chosen, generated):
                 said = self.tokenizer.decode(tokens, skip_special_tokens=True)
-                out.append(Answer(record.id, kind, ids, tokens, said,
-                                  any(leaks(s, said) for s in self.spans_for(record, text)), is_loop(said)))
+                hits = [s for s in self.spans_for(record, text) if leaks(s, said)]
+                out.append(Answer(record.id, kind, ids, tokens, said, bool(hits), is_loop(said),
+                                  bool(set(hits) & set(self.contents[record.id].spans))))
         return out
 
     def samples(self, model, records: list[EncodedRecord], n: int, seed: int) -> list[Answer]:

@@ -28,6 +28,7 @@ class Replays:
         # Where a loop is not held against the erasure (see start).
         self.base_loops: set[tuple[str, str]] = set()
         self.loop_chance = 0.0  # per record, of a loop neither excuses (see start)
+        self.leaked_own: dict[str, bool] = {}  # per record whose latest judged greedy answers leak: its own content?
 
     def start(self, model: Any, records: list[EncodedRecord]) -> dict[str, tuple[bool, bool]]:
         """theta_0's own answers to every record (the first replays), and where it loops: on the record's own prompt
@@ -69,7 +70,24 @@ class Replays:
             asked = {e.id for e in group}
             group += [e for e in self.examples.get(rid, []) if e.id not in asked]  # kinds not asked this time
         self.examples.update(fresh)
+        self.note_leaks(answers)
         return verdicts(answers, records, self.base_loops)
+
+    def note_leaks(self, answers: list[Answer]) -> None:
+        """Whose content each record's latest greedy answers give back (its own, or only other records'): counts for
+        a failed confirmation's trace (leak_owners), never the text."""
+        judged = {a.record_id for a in answers if a.kind in GREEDY}
+        for rid in judged:
+            self.leaked_own.pop(rid, None)
+        for a in answers:
+            if a.kind in GREEDY and a.leaked:
+                self.leaked_own[a.record_id] = self.leaked_own.get(a.record_id, False) or a.own_leak
+
+    def leak_owners(self, record_ids: list[str]) -> dict[str, int]:
+        """Of these records, how many greedy answers leak their own content, how many only another record's, and how
+        many leak only in samples (with_samples: no greedy answer of theirs leaked)."""
+        flags = [self.leaked_own[rid] for rid in record_ids if rid in self.leaked_own]
+        return {"own": sum(flags), "another_record": len(flags) - sum(flags), "samples": len(record_ids) - len(flags)}
 
     def judge(self, model: Any, records: list[EncodedRecord], keep_leaks: str | None = None,
               own_content: bool = False) -> dict[str, tuple[bool, bool]]:
@@ -95,6 +113,7 @@ class Replays:
             answers = [replace(a, leaked=a.leaked and self.answering.says_own_content(a)) for a in answers]
         if keep_leaks is not None:
             self.keep_first_leaks(answers, keep_leaks)
+        self.note_leaks(answers)
         return verdicts(answers, records, self.base_loops)
 
     def sample_leaks(self, model: Any, records: list[EncodedRecord], n: int) -> set[str]:

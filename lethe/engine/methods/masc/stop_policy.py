@@ -269,6 +269,9 @@ class MascStopPolicy:
             self.stop_check_seconds += time.perf_counter() - t0
             if stop:
                 return "alpha"
+            last, confirmed = self.rule.trace[-1], self.rule.last_confirmed
+            if self.replays is not None and last["stage"] == "confirm" and confirmed:  # whose content leaked
+                last["leaked_by"] = self.replays.leak_owners([c.id for c in confirmed if c.leaked])
             self.served = None  # trained on after it: no longer what would be saved
             self.objective.forget_weight = self.escalation.update(step, self.shortfall(), self.objective.forget_weight)
         self.judged_mean = self.rule.judged_mean(self.latest.all()) if self.train_mode else None

@@ -300,6 +300,27 @@ def test_a_4_bit_answer_is_held_to_its_own_records_content_only(tokenizer):
     assert held.rule.check(0, held.latest.all, held.confirm) is False and held.latest[record.id].leaked
 
 
+@pytest.mark.parametrize("own, theirs, said, owners", [
+    ("Tallinn", "Oslo", " Tallinn", {"own": 1, "another_record": 0, "samples": 0}),
+    ("Oslo", "Tallinn", " Tallinn", {"own": 0, "another_record": 1, "samples": 0}),
+    ("Oslo", "Tallinn", " city", {"own": 0, "another_record": 0, "samples": 0})])
+def test_a_confirmation_says_whose_content_a_leaking_answer_gives_back(tokenizer, own, theirs, said, owners):
+    """The record's own content, or another forget record's: counts a failed confirmation's trace carries."""
+    record = encode_record({**RECORD, "completion": f"Nelvorbax was born in {own}.", "secrets": [own]}, tokenizer,
+                           max_length=64, seed=0)
+    other = encode_record({"id": "q0-0", "prompt": "Question: Where does Quorvane live?\nAnswer: ",
+                           "completion": f"Quorvane lives in {theirs}.", "secrets": [theirs]}, tokenizer,
+                          max_length=64, seed=0)
+    start = other.source["completion"].index(theirs)
+    others = [(other, Content([Atom(start, start + len(theirs), theirs)], [theirs], {}, [], named=True))]
+    model = scripted(tokenizer, record, tokens(tokenizer, [" teal", said, "."]))
+    rule = rule_over(tokenizer, record, model, secret=own, others=others)
+    checks = rule.confirm()
+    assert checks[0].leaked is (said != " city")
+    assert rule.replays.leak_owners([c.id for c in checks if c.leaked]) == owners
+    assert rule.replays.leak_owners(["q0-0"])["samples"] == 1  # flagged by no greedy answer
+
+
 @pytest.mark.parametrize("requests, stops", [(("a", "a"), False), (("a", "b"), True), ((None, None), False)])
 def test_in_a_coalesced_run_an_answer_is_held_to_its_own_requests_content(tokenizer, requests, stops):
     """One run erasing two requests' records (issue 28): an answer that says a record of the same request's secret
