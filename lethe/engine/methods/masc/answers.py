@@ -260,11 +260,10 @@ class Answering:
         return encode_prompt(substitutions[draw % len(substitutions)].replace_prompt(text), record, self.tokenizer,
                              self.max_length)
 
-    def natural_loops(self, model, records: list[EncodedRecord], kinds: tuple[str, ...], draw: int = 0
-                      ) -> set[tuple[str, str]]:
-        """(record, kind) where the model loops when asked the same question about someone else (the draw-th
+    def natural_loops(self, model, records: list[EncodedRecord], kinds: tuple[str, ...]) -> set[tuple[str, str]]:
+        """(record, kind) where the model loops when asked the same question about someone else (the first
         counterfactual prompt): a model that never saw the record would loop there too."""
-        return {pair for pair, looped in self.loops_about_others(model, records, kinds, draw).items() if looped}
+        return {pair for pair, looped in self.loops_about_others(model, records, kinds, 0).items() if looped}
 
     def loops_about_others(self, model, records: list[EncodedRecord], kinds: tuple[str, ...], draw: int
                            ) -> dict[tuple[str, str], bool]:

@@ -358,7 +358,7 @@ class MascStopPolicy:
                        "secret_probability": c.secret_probability, "secret_limit": erasure.secret_limit(c.id),
                        "secret_greedy": c.secret_greedy, "leaked": c.leaked, "looped": c.looped,
                        "meets_condition": c.id not in failing, "loop_within_chance": c.id in chance,
-                       "trained": c.id not in never_trained} for c in (by_id[r.id] for r in forget)]
+                       "trained": c.id not in never_trained} for c in in_order]
         summary = self.calibration.summary
         condition = {
             "condition": (CONTENT_CONDITION if params.content else CONDITION) if self.train_mode

@@ -132,12 +132,14 @@ class ErasureCondition:
         loop_allowance(n) of them in the order given (which ones does not matter: the allowance counts records)."""
         if self.loop_chance <= 0:
             return []
-        groups: dict[str | None, list[RecordCheck]] = {}
+        left = self.loop_allowances([c.id for c in checks])
+        excused = []
         for c in checks:
-            groups.setdefault(self.requests.get(c.id), []).append(c)
-        return [rid for group in groups.values()
-                for rid in [c.id for c in group if c.looped and self.why(c) == ["looped"]][
-                    :self.loop_allowance(len(group))]]
+            request = self.requests.get(c.id)
+            if left[request] and c.looped and self.why(c) == ["looped"]:
+                left[request] -= 1
+                excused.append(c.id)
+        return excused
 
     def failing(self, checks: list[RecordCheck]) -> list[str]:
         excused = set(self.loops_within_chance(checks))
