@@ -41,16 +41,10 @@ def continuations(model, tokenizer, prompts: list[list[int]], *, max_new_tokens:
 AGREEMENT_GAP = 1e-3
 
 
-@torch.no_grad()
-def greedy_agrees(model, pad_id: int, prompts: list[list[int]], answers: list[list[int]], *,
-                  min_gap: float = AGREEMENT_GAP, batch_size: int = 16) -> list[bool]:
-    """Per (prompt, answer): whether `model`'s greedy decoding gives exactly this answer back, read from one
-    teacher-forced pass instead of a generation: at every answer position its token is the argmax given the prompt
-    and the answer so far, ahead of every other token by at least `min_gap` logits. Greedy decoding is a function
-    of those argmaxes, so where every one agrees it says the same tokens and stops where the answer stopped (at its
-    end of sequence, or at the same token budget); False says only "generate to know"."""
+def _answer_logits(model, pad_id: int, prompts: list[list[int]], answers: list[list[int]], batch_size: int):
+    """Per (prompt, answer), in order: the model's float logits predicting each answer token ([len(answer), V]),
+    from one teacher-forced pass per batch of right-padded rows."""
     device = next(model.parameters()).device
-    out: list[bool] = []
     for start in range(0, len(prompts), batch_size):
         rows = list(zip(prompts[start:start + batch_size], answers[start:start + batch_size]))
         width = max(len(p) + len(a) for p, a in rows)
@@ -62,9 +56,28 @@ def greedy_agrees(model, pad_id: int, prompts: list[list[int]], answers: list[li
         with autocast(device):
             logits = model(input_ids=ids.to(device), attention_mask=mask.to(device), use_cache=False).logits
         for i, (p, a) in enumerate(rows):
-            z = logits[i, len(p) - 1:len(p) + len(a) - 1].float()  # the prediction of each answer token
-            out.append(bool(len(a)) and bool((argmax_gap(z, torch.tensor(a, device=z.device)) >= min_gap).all()))
-    return out
+            yield logits[i, len(p) - 1:len(p) + len(a) - 1].float()
+
+
+@torch.no_grad()
+def greedy_agrees(model, pad_id: int, prompts: list[list[int]], answers: list[list[int]], *,
+                  min_gap: float = AGREEMENT_GAP, batch_size: int = 16) -> list[bool]:
+    """Per (prompt, answer): whether `model`'s greedy decoding gives exactly this answer back, read from one
+    teacher-forced pass instead of a generation: at every answer position its token is the argmax given the prompt
+    and the answer so far, ahead of every other token by at least `min_gap` logits. Greedy decoding is a function
+    of those argmaxes, so where every one agrees it says the same tokens and stops where the answer stopped (at its
+    end of sequence, or at the same token budget); False says only "generate to know"."""
+    return [bool(len(a)) and bool((argmax_gap(z, torch.tensor(a, device=z.device)) >= min_gap).all())
+            for z, a in zip(_answer_logits(model, pad_id, prompts, answers, batch_size), answers)]
+
+
+@torch.no_grad()
+def answer_logprobs(model, pad_id: int, prompts: list[list[int]], answers: list[list[int]], *,
+                    batch_size: int = 16) -> list[torch.Tensor]:
+    """Per (prompt, answer): log p of each answer token given the prompt and the answer before it ([len(answer)],
+    CPU)."""
+    return [torch.log_softmax(z, dim=-1).gather(1, torch.tensor(a, device=z.device)[:, None]).squeeze(1).cpu()
+            for z, a in zip(_answer_logits(model, pad_id, prompts, answers, batch_size), answers)]
 
 
 def _until_eos(tokens: list[int], eos: int) -> list[int]:

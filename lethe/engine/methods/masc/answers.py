@@ -1,5 +1,6 @@
 """The model's own answers to the forget prompts (SPEC section 3): what the stop rule reads (an answer that gives
-the content of any forget record of its request back, or loops, keeps its record open) and what training replays.
+the content of any forget record of its request back, or loops, keeps its record open; another record's single word
+only where tied to the answer's subject, lethe.engine.methods.masc.subject_tie) and what training replays.
 Teacher forcing trains on the true text only; once a greedy answer leaves it, the model runs on states nobody
 trained, and these answers are those states.
 
@@ -26,6 +27,7 @@ from lethe.engine.data.records import IGNORE, LOOP, SECRET, SUPPRESS, TEMPLATE, 
 from lethe.engine.data.secrets import digits_can_leak, digits_leak, head_regions, leaks, long_digit_groups, normalised
 from lethe.engine.methods.masc.content import Substitution, atom_words
 from lethe.engine.methods.masc.destination import Content, targets_for
+from lethe.engine.methods.masc.subject_tie import TieQuestion, overlapping_tokens, single_word, tied
 from lethe.engine.model.generation import MAX_NEW_TOKENS, continuations
 
 KINDS = ("prompt", "paraphrase", "sample")  # greedy from the prompt, greedy from the paraphrase, one sample
@@ -42,6 +44,7 @@ class Answer:
     leaked: bool  # gives some forget record's content span back
     looped: bool
     own_leak: bool = False  # one of the spans it gives back is its own record's (else another record's)
+    untied: bool = False  # said other records' single words, none tied to its subject: no leak (subject_tie)
 
 
 ANSWER_SLACK = 16  # new tokens past the longest answer that an answer may take
@@ -136,9 +139,12 @@ class Answering:
     record of their request (all of the run's, unless records name their requests: a coalesced run)."""
 
     def __init__(self, records: list[EncodedRecord], contents: dict[str, Content], tokenizer, max_length: int,
-                 template: AbstractSet[str] = frozenset(), kept_texts: list[str] | None = None):
+                 template: AbstractSet[str] = frozenset(), kept_texts: list[str] | None = None,
+                 min_gain: float = 2.0):
         """`kept_texts`: what the kept (retain) records say: a span found there is one a model that never saw the
-        forget records could say too, and is not held against an answer (the teacher-forced limit still is)."""
+        forget records could say too, and is not held against an answer (the teacher-forced limit still is).
+        `min_gain`: the gain by which another record's single word said in an answer is tied to its subject."""
+        self.min_gain = min_gain
         self.by_id = {r.id: r for r in records}
         self.template = template
         self.contents, self.tokenizer, self.max_length = contents, tokenizer, max_length
@@ -200,6 +206,7 @@ class Answering:
                     encode_prompt(text, record, self.tokenizer, self.max_length)
                 asked.append((record, kind, text, ids))
         out: list[Answer] = []
+        loose: list[tuple[int, TieQuestion]] = []  # answers leaking only other records' single words
         for sample in (False, True):
             chosen = [a for a in asked if (a[1] == "sample") == sample]
             if not chosen:
@@ -209,9 +216,24 @@ class Answering:
             for (record, kind, text, ids), tokens in zip(chosen, generated):
                 said = self.tokenizer.decode(tokens, skip_special_tokens=True)
                 hits = [s for s in self.spans_for(record, text) if leaks(s, said)]
-                out.append(Answer(record.id, kind, ids, tokens, said, bool(hits), is_loop(said),
-                                  bool(set(hits) & set(self.contents[record.id].spans))))
+                own = set(hits) & set(self.contents[record.id].spans)
+                if hits and not own and all(single_word(s) for s in hits):
+                    loose.append((len(out), self.tie_question(record, kind, ids, tokens, said, hits)))
+                out.append(Answer(record.id, kind, ids, tokens, said, bool(hits), is_loop(said), bool(own)))
+        if loose:
+            for (i, _), leak in zip(loose, tied(model, self.tokenizer.pad_token_id, [q for _, q in loose],
+                                                self.min_gain)):
+                out[i].leaked, out[i].untied = leak, not leak
         return out
+
+    def tie_question(self, record: EncodedRecord, kind: str, ids: list[int], tokens: list[int], said: str,
+                     words: list[str]) -> TieQuestion:
+        """What subject_tie needs to tell whether these words of other records, said in this answer, are tied to its
+        subject: the same prompt about each of the record's someone elses, and each word's tokens."""
+        others = [p for draw in range(len(self.contents[record.id].substitutions))
+                  if (p := self.counterfactual_prompt(record, kind, draw)) is not None]
+        ends = token_ends(self.tokenizer, tokens)
+        return TieQuestion(ids, others, tokens, [overlapping_tokens(ends, leak_regions(said, [w])) for w in words])
 
     def samples(self, model, records: list[EncodedRecord], n: int, seed: int) -> list[Answer]:
         """n seeded samples (temperature 1, as the audit draws them) of the model's answer to each record's prompt,

@@ -29,6 +29,7 @@ class Replays:
         self.base_loops: set[tuple[str, str]] = set()
         self.loop_chance = 0.0  # per record, of a loop neither excuses (see start)
         self.leaked_own: dict[str, bool] = {}  # per record whose latest judged greedy answers leak: its own content?
+        self.untied: set[str] = set()  # records whose latest judged greedy answers said only untied words of others
 
     def start(self, model: Any, records: list[EncodedRecord]) -> dict[str, tuple[bool, bool]]:
         """theta_0's own answers to every record (the first replays), and where it loops: on the record's own prompt
@@ -79,15 +80,19 @@ class Replays:
         judged = {a.record_id for a in answers if a.kind in GREEDY}
         for rid in judged:
             self.leaked_own.pop(rid, None)
+        self.untied -= judged
         for a in answers:
             if a.kind in GREEDY and a.leaked:
                 self.leaked_own[a.record_id] = self.leaked_own.get(a.record_id, False) or a.own_leak
+        self.untied |= {a.record_id for a in answers if a.kind in GREEDY and a.untied} - set(self.leaked_own)
 
     def leak_owners(self, record_ids: list[str]) -> dict[str, int]:
         """Of these records, how many greedy answers leak their own content, how many only another record's, and how
-        many leak only in samples (with_samples: no greedy answer of theirs leaked)."""
+        many leak only in samples (with_samples: no greedy answer of theirs leaked); and how many records, leaking or
+        not, said only other records' words untied to their subject (not leaks: subject_tie)."""
         flags = [self.leaked_own[rid] for rid in record_ids if rid in self.leaked_own]
-        return {"own": sum(flags), "another_record": len(flags) - sum(flags), "samples": len(record_ids) - len(flags)}
+        return {"own": sum(flags), "another_record": len(flags) - sum(flags), "samples": len(record_ids) - len(flags),
+                "untied_words": len(self.untied)}
 
     def judge(self, model: Any, records: list[EncodedRecord], keep_leaks: str | None = None,
               own_content: bool = False) -> dict[str, tuple[bool, bool]]:

@@ -97,8 +97,8 @@ class MascStopPolicy:
                            run.tokenizer.pad_token_id)
             kept = [t for r in self.retain_sources for t in (r.get("prompt"), r.get("completion"), r.get("text"))
                     if isinstance(t, str)]
-            self.replays = Replays(Answering(forget, self.contents, run.tokenizer, run.max_length, self.template, kept),
-                                   self.trainable.reference_logits, run.device, params.seed)
+            self.replays = Replays(Answering(forget, self.contents, run.tokenizer, run.max_length, self.template, kept,
+                                             params.min_gain), self.trainable.reference_logits, run.device, params.seed)
         # A record whose content is suppressed and whose template stays as theta_0 has it shows v_i = the template's
         # share of its tokens, as a model that never saw it would: that share is a floor under its ceiling.
         self.located = frozenset(r.id for r in forget if r.secret_tokens)

@@ -9,7 +9,8 @@ The rule stops at the first confirmation where, measured on every record of D_va
                        and    g_i = 0            (nor greedy-decoded whole, given the text before it)
                        and    l_i = 0            (its own greedy answers, to the prompt and to the paraphrase,
                                                   give back no content of a forget record
-                                                  of its request)
+                                                  of its request: another record's single
+                                                  word only where tied to its subject)
                        and    o_i = 0            (and do not loop), except for at most floor(n q) records
                                                  that fail by a loop alone
 
@@ -46,8 +47,10 @@ CONTENT_CONDITION = ("stop when, for every forget record i, greedy decoding does
                      "span is said whole with probability above its limit, none is greedy-decoded given the text "
                      "before it (within greedy_margin), and the model's own greedy answers to its prompt and to its "
                      "paraphrased prompt give back no content of a forget record of its request (every forget "
-                     "record, unless they name their requests) and do not loop (except for as many records as a "
-                     "model that never saw them loops on, by chance: floor(n q)) (these replace its ceiling and its "
+                     "record, unless they name their requests; another record's single word only where the model "
+                     "says it more about the record's subject than about others, by min_gain nats) and do not loop "
+                     "(except for as many records as a model that never saw them loops on, by chance: floor(n q)) "
+                     "(these replace its ceiling and its "
                      "share in the mean); elsewhere v_i <= c_i, and V = the mean of v_i over those "
                      "records <= alpha; checked again on the merged checkpoint in its saved dtype, where also "
                      "none of confirm_samples samples (temperature 1) of its answer to its prompt gives back 4 or "

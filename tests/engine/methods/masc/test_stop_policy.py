@@ -10,7 +10,7 @@ from transformers import AutoTokenizer
 
 from lethe.engine.data.records import SECRET, TEMPLATE, encode_record
 from lethe.engine.methods.masc.answers import Answering
-from lethe.engine.methods.masc.content import Atom
+from lethe.engine.methods.masc.content import Atom, substitution
 from lethe.engine.methods.masc.destination import Content
 from lethe.engine.methods.masc.objective import Masc
 from lethe.engine.methods.masc.params import MascParams
@@ -82,12 +82,13 @@ def tokens(tokenizer, words: list[str]) -> list[int]:
 
 def rule_over(tokenizer, record, model: BigramLM, served: BigramLM | None = None,
               params: MascParams | None = None, secret: str = "Tallinn",
-              others: list | None = None) -> MascStopPolicy:
+              others: list | None = None, substitutions: list | None = None) -> MascStopPolicy:
     """The rule's own confirm and with_answers, around a scripted policy (no training happens); `others`: more forget
     records, (record, Content) pairs, whose content answers are held to, outside the records the rule checks."""
     said = record.source["completion"]
     start = said.index(secret)
-    content = Content([Atom(start, start + len(secret), secret)], [secret], {}, [], named=True)
+    content = Content([Atom(start, start + len(secret), secret)], [secret], {}, [], named=True,
+                      substitutions=substitutions or [])
     record.focus = [TEMPLATE] * len(record.input_ids)
     for k in range(record.prompt_len, len(record.input_ids)):
         piece = tokenizer.decode([record.input_ids[k]]).strip()
@@ -317,8 +318,58 @@ def test_a_confirmation_says_whose_content_a_leaking_answer_gives_back(tokenizer
     rule = rule_over(tokenizer, record, model, secret=own, others=others)
     checks = rule.confirm()
     assert checks[0].leaked is (said != " city")
-    assert rule.replays.leak_owners([c.id for c in checks if c.leaked]) == owners
+    assert rule.replays.leak_owners([c.id for c in checks if c.leaked]) == {**owners, "untied_words": 0}
     assert rule.replays.leak_owners(["q0-0"])["samples"] == 1  # flagged by no greedy answer
+
+
+class SubjectLM(BigramLM):
+    """Two bigram tables: `about` once the subject's token has come, `table` before (or without) it."""
+
+    def __init__(self, table: torch.Tensor, about: torch.Tensor, subject: int):
+        super().__init__(table)
+        self.about, self.subject = torch.nn.Parameter(about, requires_grad=False), subject
+
+    def logits_of(self, input_ids):
+        seen = (input_ids == self.subject).cumsum(1) > 0
+        return torch.where(seen[..., None], self.about[input_ids], self.table[input_ids])
+
+    def forward(self, input_ids, attention_mask=None, use_cache=False, **_):
+        return types.SimpleNamespace(logits=self.logits_of(input_ids))
+
+    @torch.no_grad()
+    def generate(self, input_ids, attention_mask=None, max_new_tokens=20, eos_token_id=None, **_):
+        ids = input_ids
+        for _ in range(max_new_tokens):
+            ids = torch.cat([ids, self.logits_of(ids)[:, -1].argmax(-1, keepdim=True)], dim=1)
+        return ids
+
+
+@pytest.mark.parametrize("theirs, about_others, leaks", [
+    ("Tallinn", " city", True),  # said about this subject only: another record's fact about it
+    ("Tallinn", " Tallinn", False),  # said whoever the question names: the model's word, not the subject's
+    ("Tallinn harbour", " Tallinn harbour", True)])  # several words give their record back whoever they are said of
+def test_another_records_single_word_leaks_only_where_tied_to_the_subject(tokenizer, theirs, about_others, leaks):
+    """An answer that says another record's single word keeps its record open only where the model says it more about
+    the record's subject than about someone else (the counterfactual prompts), by min_gain nats; a number or a phrase
+    always does."""
+    record = encode_record({**RECORD, "completion": "Nelvorbax was born in Oslo.", "secrets": ["Oslo"]}, tokenizer,
+                           max_length=64, seed=0)
+    other = encode_record({"id": "q0-0", "prompt": "Question: Where does Nelvorbax live?\nAnswer: ",
+                           "completion": f"Nelvorbax lives in {theirs}.", "secrets": [theirs]}, tokenizer,
+                          max_length=64, seed=0)
+    start = other.source["completion"].index(theirs)
+    others = [(other, Content([Atom(start, start + len(theirs), theirs)], [theirs], {}, [], named=True))]
+    swap = [substitution(record.source, {"nelvorbax": name}, {}) for name in ("Quorvane", "Ann")]
+    cf_prompts = [set(tokenizer(s.prompt)["input_ids"]) for s in swap]
+    subject = next(t for t in record.input_ids[:record.prompt_len] if not any(t in p for p in cf_prompts))
+    about = scripted(tokenizer, record, tokens(tokenizer, [" teal", f" {theirs}", "."])).table.data
+    anyone = scripted(tokenizer, record, tokens(tokenizer, [" teal", about_others, "."])).table.data
+    model = SubjectLM(anyone, about, subject)
+    rule = rule_over(tokenizer, record, model, secret="Oslo", others=others, substitutions=swap)
+    assert rule.rule.check(0, rule.latest.all, rule.confirm) is not leaks
+    assert rule.latest[record.id].leaked is leaks
+    assert rule.replays.leak_owners([record.id] if leaks else []) == {
+        "own": 0, "another_record": int(leaks), "samples": 0, "untied_words": int(not leaks)}
 
 
 @pytest.mark.parametrize("requests, stops", [(("a", "a"), False), (("a", "b"), True), ((None, None), False)])
