@@ -88,8 +88,8 @@ class Replays:
 
     def leak_owners(self, record_ids: list[str]) -> dict[str, int]:
         """Of these records, how many greedy answers leak their own content, how many only another record's, and how
-        many leak only in samples (with_samples: no greedy answer of theirs leaked); and how many records, leaking or
-        not, said only other records' words untied to their subject (not leaks: subject_tie)."""
+        many leak only in samples (with_samples: no greedy answer of theirs leaked); and, of every record last judged,
+        how many answers said no content but other records' single words untied to their subject (subject_tie)."""
         flags = [self.leaked_own[rid] for rid in record_ids if rid in self.leaked_own]
         return {"own": sum(flags), "another_record": len(flags) - sum(flags), "samples": len(record_ids) - len(flags),
                 "untied_words": len(self.untied)}
