@@ -115,13 +115,12 @@ def answer_flags(tokenizer, tokens: list[int], text: str, spans: list[str], cont
     a token whose words are all content words), LOOP on the tokens that repeat what a looping answer already said,
     TEMPLATE elsewhere. (Marking the "a" of a leaked "a locksmith" turned "works as a locksmith" into "works as.",
     issue 11.)"""
-    regions = leak_regions(text, spans)
     ends = token_ends(tokenizer, tokens)
+    overlapping = set(overlapping_tokens(ends, leak_regions(text, spans)))
     flags = []
     for k in range(len(tokens)):
-        start = ends[k - 1] if k else 0
-        pieces = normalised(text[start:ends[k]]).split()
-        in_region = any(s < ends[k] and start < e for s, e in regions) and not all(p in template for p in pieces)
+        pieces = normalised(text[ends[k - 1] if k else 0:ends[k]]).split()
+        in_region = k in overlapping and not all(p in template for p in pieces)
         content = bool(pieces) and all(p in content_words for p in pieces)
         flags.append(SECRET if in_region or content else TEMPLATE)
     if is_loop(text):
@@ -217,7 +216,8 @@ class Answering:
                 said = self.tokenizer.decode(tokens, skip_special_tokens=True)
                 hits = [s for s in self.spans_for(record, text) if leaks(s, said)]
                 own = set(hits) & set(self.contents[record.id].spans)
-                if hits and not own and all(single_word(s) for s in hits):
+                # Only the greedy kinds are judged (a sample's flag is never read): only they need the tie measured.
+                if kind != "sample" and hits and not own and all(single_word(s) for s in hits):
                     loose.append((len(out), self.tie_question(record, kind, ids, tokens, said, hits)))
                 out.append(Answer(record.id, kind, ids, tokens, said, bool(hits), is_loop(said), bool(own)))
         if loose:
