@@ -23,6 +23,9 @@ TEMPLATE, SUPPRESS, SECRET = 0, 1, 2
 # A token of the model's own answer that repeats what the answer already said, in an answer that loops:
 # suppressed until it is no longer the argmax (unlikelihood of repetition), never held at theta_0.
 LOOP = -1
+# A token of a closed record's clean greedy answer, riding along: kept the argmax with a margin (neither suppressed
+# nor moved to a target), so that training the others does not flip the answer at a near tie.
+HELD = -2
 # Continuation mode (SPEC 2): split a passage at r ~ U(0.2, 0.6), keeping this many tokens each side.
 SPLIT_RANGE = (0.2, 0.6)
 SPLIT_MIN_SIDE = 32

@@ -44,6 +44,7 @@ from lethe.engine.methods.masc.content import (
     runs,
 )
 from lethe.engine.methods.masc.memorisation import said_words, write_counterfactuals
+from lethe.engine.methods.masc.params import MascParams
 
 TOP_K = 32  # tokens kept of each target distribution
 # A number's own part begins at the first token the record makes at least e times likelier than a draft about someone
@@ -62,6 +63,20 @@ class Content:
     named: bool  # chosen by the request's `secrets`
     substitutions: list[Substitution] = field(default_factory=list)
     aligned: bool = True  # the counterfactuals could be lined up with the record's tokens
+
+
+def content_summary(contents: dict[str, Content], params: MascParams, records: int, located: int,
+                    replayed_ids: list[str]) -> dict:
+    """How each of `records` records' content was found (`params`: the run's MASC parameters): named by the request,
+    by memorisation gain, or none (suppressed whole); counts only, never the text."""
+    found = contents.values()
+    return {"suppress": params.suppress, "min_gain": params.min_gain if params.content else None,
+            "given": sum(c.named and bool(c.atoms) for c in found),
+            "by_gain": sum(not c.named and bool(c.atoms) for c in found),
+            "none": records - sum(bool(c.atoms) for c in found),
+            "located": located, "spans": sum(len(c.spans) for c in found),
+            "banned_tokens": sum(len(c.banned) for c in found),
+            "unaligned": sum(not c.aligned for c in found), "replayed_ids": replayed_ids}
 
 
 def said_offsets(record: EncodedRecord, tokenizer) -> Offsets | None:

@@ -162,6 +162,12 @@ def kept_argmax_hinge(logits: torch.Tensor, ref_logits: torch.Tensor, targets: t
     return F.relu(wanted - argmax_gap(logits, targets)).mean()
 
 
+def held_argmax_hinge(logits: torch.Tensor, targets: torch.Tensor, gap: float) -> torch.Tensor:
+    """Token-mean relu(gap - g), g the target's argmax gap under pi_theta: zero while each held token leads by `gap`
+    logits (a greedy answer at a near tie flips under the smallest update; held by a margin, it does not)."""
+    return F.relu(gap - argmax_gap(logits, targets)).mean()
+
+
 def centred_logit_drift(logits: torch.Tensor, ref_logits: torch.Tensor) -> torch.Tensor:
     """sum_t ||c(z_t) - c(z0_t)||^2 / sum_t ||c(z0_t)||^2 over active rows [N, V], c(z) = z minus its mean over the
     vocabulary: how far the logits moved, relative to theta_0's own spread. Zero at theta_0; a constant added to a

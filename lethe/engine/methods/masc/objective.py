@@ -18,6 +18,7 @@ from __future__ import annotations
 import torch
 
 from lethe.engine.data.records import (
+    HELD,
     LOOP,
     SECRET,
     SUPPRESS,
@@ -97,8 +98,11 @@ class Masc:
         margins, rows, z, y, focus = self._margins(logits[:n_forget], forget_rows)
         with torch.no_grad():
             self.last_forget_measurement = self._measure(margins.detach(), rows, z.detach(), y, focus, n_forget)
-        suppressed = focus != TEMPLATE
+        held = focus == HELD
+        suppressed = (focus != TEMPLATE) & ~held
         targets = self._active_targets(forget_rows, z.device)
+        if targets is not None and bool(held.any()):  # a held token keeps its argmax, not a target's distribution
+            targets = (targets[0], targets[1].masked_fill(held[:, None], 0))
         hinge = M.buffered_hinge(self._destination_margins(margins, z, y, targets), self._thresholds(focus), p.eta)
         forget_loss = hinge[suppressed].mean() if suppressed.any() else hinge.sum() * 0
         total = self.forget_weight * forget_loss
@@ -108,6 +112,12 @@ class Masc:
             if target is not None:
                 total = total + p.lambda_target * target
                 parts["target"] = target.item()
+        if bool(held.any()) and p.keep_weight > 0:
+            # Each held token (a closed record's clean answer) stays the argmax by keep_gap logits, as a retain token
+            # is kept: an answer nobody trains any more flips at a near tie while the others train.
+            held_loss = M.held_argmax_hinge(z[held], y[held], p.keep_gap)
+            total = total + p.keep_weight * held_loss
+            parts["held"] = held_loss.item()
         if retain is not None and p.retain_weight > 0:
             retain_loss = self._retain_term(logits[n_forget:], joint.labels[n_forget:], retain)
             total = total + p.retain_weight * retain_loss

@@ -99,6 +99,13 @@ class MascParams(SharedParams):
                                    "is answered once at the start and at each confirmation); more, up to a fifth of "
                                    "the forget set, where that many are held open by their answers alone",
                                 ge=1, le=4096)
+    # Issue 28: a coalesced run's confirmations each found about 3 of 120 closed records failing again, a different
+    # few each time: a closed record is trained no more, and its greedy answer drifts while the others train. Pinned
+    # from the first failed confirmation, three pairs fired 55 steps after it instead of at the 23rd (BENCHMARKS.md).
+    pin_answers: int = param(4, "content: once a confirmation has failed, clean greedy answers of closed records "
+                                "that ride along each step (those ridden longest ago first), each token kept the "
+                                "argmax by keep_gap logits with weight lambda_keep: a record once clean keeps its "
+                                "answer while the others train", ge=0, le=4096, note="0: off")
     # Issue 28: greedy answers alone let partial numbers through ("+35 726 9280862" for "+30 726 9280862": the first
     # digits suppressed, the rest said after them), which the audit's ten samples per prompt found.
     confirm_samples: int = param(32, "the rule: samples (temperature 1) per forget prompt drawn from the model as it "

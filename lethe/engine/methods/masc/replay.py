@@ -7,7 +7,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from lethe.engine.data.records import TEMPLATE, EncodedRecord
+from lethe.engine.data.records import HELD, TEMPLATE, EncodedRecord
 from lethe.engine.methods.masc.answers import Answer, Answering
 from lethe.engine.model.generation import greedy_agrees
 
@@ -30,6 +30,8 @@ class Replays:
         self.loop_chance = 0.0  # per record, of a loop neither excuses (see start)
         self.leaked_own: dict[str, bool] = {}  # per record whose latest judged greedy answers leak: its own content?
         self.untied: set[str] = set()  # records whose latest judged greedy answers said only untied words of others
+        self.rides = 0  # forget batches ridden so far
+        self.pinned_at: dict[str, int] = {}  # per held answer, the ride at which it last rode as a pin (see riding)
 
     def start(self, model: Any, records: list[EncodedRecord]) -> dict[str, tuple[bool, bool]]:
         """theta_0's own answers to every record (the first replays), and where it loops: on the record's own prompt
@@ -145,16 +147,31 @@ class Replays:
             self.examples[rid] = [e for e in self.examples.get(rid, []) if e.id != example.id] + [example]
         return set(first)
 
-    def riding(self, chosen: list[EncodedRecord], size: int, rng: random.Random) -> list[EncodedRecord]:
+    def riding(self, chosen: list[EncodedRecord], size: int, rng: random.Random, pins: int = 0,
+               closed: Callable[[str], bool] | None = None) -> list[EncodedRecord]:
         """At most `size` answers to ride along with a forget batch: one of each chosen record's own (one that leaks
-        or loops first), then others, those that leak or loop first."""
+        or loops first), then others, those that leak or loop first; and `pins` clean greedy answers of records
+        `closed` says are closed, those ridden longest ago first, every answer token HELD (kept the argmax with a
+        margin: a closed record is trained no more, and without them its greedy answer flips at near ties while the
+        others train)."""
         chosen_ids = {r.id for r in chosen}
         extra = [max(group, key=lambda e: (flagged(e), rng.random())) for r in chosen
                  if (group := self.examples.get(r.id))][:size]
         others = [e for rid, group in self.examples.items() if rid not in chosen_ids for e in group]
         rng.shuffle(others)
         others.sort(key=flagged, reverse=True)
-        return extra + others[:max(0, size - len(extra))]
+        riding = extra + others[:max(0, size - len(extra))]
+        self.rides += 1
+        if pins and closed is not None:
+            taken = {e.id for e in riding}
+            held = [e for rid, group in self.examples.items() if rid not in chosen_ids and closed(rid)
+                    for e in group if e.id.rsplit("#", 1)[1] in GREEDY and not flagged(e) and e.id not in taken]
+            held.sort(key=lambda e: self.pinned_at.get(e.id, -1))  # stable: ties keep the examples' order
+            for example in held[:pins]:
+                self.pinned_at[example.id] = self.rides
+                riding.append(replace(example, focus=[HELD if k >= example.prompt_len else f
+                                                      for k, f in enumerate(example.focus or [])]))
+        return riding
 
     @property
     def replayed_ids(self) -> list[str]:

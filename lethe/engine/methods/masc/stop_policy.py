@@ -24,7 +24,7 @@ from lethe.engine.methods.masc.answers import Answering, request_of
 from lethe.engine.methods.masc.bound import exact_reproduction_bound
 from lethe.engine.methods.masc.calibration import calibrate, encodable
 from lethe.engine.methods.masc.content import said_template
-from lethe.engine.methods.masc.destination import Content, plan_contents, record_targets
+from lethe.engine.methods.masc.destination import Content, content_summary, plan_contents, record_targets
 from lethe.engine.methods.masc.neighbours import RetainSampler, nearest, neighbour_scores
 from lethe.engine.methods.masc.objective import Masc, checks_of
 from lethe.engine.methods.masc.params import MascParams
@@ -297,13 +297,19 @@ class MascStopPolicy:
                                         for rid, (leaked, looped) in said.items()])
                 self.stop_check_seconds += time.perf_counter() - t0
             # The model's own answers ride along: content and loops suppressed, everything towards its target.
-            extra = self.replays.riding(chosen, params.batch_size, rng)
+            extra = self.replays.riding(chosen, params.batch_size, rng, self.pins(),
+                                        (lambda rid: not self.is_open(rid)) if self.train_mode else None)
         forget_batch = collate(chosen + extra, pad).to(dev) if chosen or extra else None
         self.repair_steps += forget_batch is None
         retain_batch = collate(self.sampler.sample(params.retain_batch_size or params.batch_size), pad).to(dev) \
             if self.sampler else None
         self.chosen = chosen
         yield forget_batch, retain_batch
+
+    def pins(self) -> int:
+        """Clean answers of closed records held each step (params.pin_answers), once a confirmation has failed: the
+        sign that closed records drift back while the others train; a run that fires at its first pays nothing."""
+        return self.params.pin_answers if self.params.keep_weight > 0 and self.rule.confirmations else 0
 
     def remeasure(self, step: int) -> list[EncodedRecord]:
         """Records measured again at a refresh (refresh.to_remeasure), their flags kept."""
@@ -379,24 +385,11 @@ class MascStopPolicy:
                         "share_of_retain_rows": params.neighbour_share if self.neighbours else 0,
                         "ids": [retain[j].id for j in self.neighbours]},
             repair_steps=self.repair_steps, escalations=self.escalation.trace, lora=self.trainable.describe(),
-            secrets=self.content_summary(),
+            secrets=content_summary(self.contents, params, len(forget), len(self.located),
+                                    self.replays.replayed_ids if self.replays is not None else []),
             retain_term="none (no retain records)" if not retain else params.retain_loss)
         bound = exact_reproduction_bound(params.rho, params.beta, [
             {"id": r["id"], "violation": r["violation"], "active_tokens": r["active_tokens"]} for r in per_record])
         return Measured(mean_violation(val_checks), per_record, bound, self.val_info,
                         {"forget": len(forget), "retain": len(retain), "holdout": len(self.holdout)},
                         self.rule.trace, evidence)
-
-    def content_summary(self) -> dict:
-        """How each record's content was found: named by the request, by memorisation gain, or none (suppressed
-        whole); counts only, never the text."""
-        contents = self.contents.values()
-        return {"suppress": self.params.suppress, "min_gain": self.params.min_gain if self.params.content else None,
-                "given": sum(c.named and bool(c.atoms) for c in contents),
-                "by_gain": sum(not c.named and bool(c.atoms) for c in contents),
-                "none": len(self.run.forget) - sum(bool(c.atoms) for c in contents),
-                "located": len(self.located), "spans": sum(len(c.spans) for c in contents),
-                "banned_tokens": sum(len(c.banned) for c in contents),
-                "unaligned": sum(not c.aligned for c in contents),
-                "replayed_ids": self.replays.replayed_ids if self.replays is not None else []}
-
