@@ -99,9 +99,10 @@ class Masc:
         with torch.no_grad():
             self.last_forget_measurement = self._measure(margins.detach(), rows, z.detach(), y, focus, n_forget)
         held = focus == HELD
+        any_held = bool(held.any())  # one device sync a step, read twice below
         suppressed = (focus != TEMPLATE) & ~held
         targets = self._active_targets(forget_rows, z.device)
-        if targets is not None and bool(held.any()):  # a held token keeps its argmax, not a target's distribution
+        if targets is not None and any_held:  # a held token keeps its argmax, not a target's distribution
             targets = (targets[0], targets[1].masked_fill(held[:, None], 0))
         hinge = M.buffered_hinge(self._destination_margins(margins, z, y, targets), self._thresholds(focus), p.eta)
         forget_loss = hinge[suppressed].mean() if suppressed.any() else hinge.sum() * 0
@@ -112,7 +113,7 @@ class Masc:
             if target is not None:
                 total = total + p.lambda_target * target
                 parts["target"] = target.item()
-        if bool(held.any()) and p.keep_weight > 0:
+        if any_held and p.keep_weight > 0:
             # Each held token (a closed record's clean answer) stays the argmax by keep_gap logits, as a retain token
             # is kept: an answer nobody trains any more flips at a near tie while the others train.
             held_loss = M.held_argmax_hinge(z[held], y[held], p.keep_gap)
