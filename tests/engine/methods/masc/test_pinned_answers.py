@@ -65,7 +65,7 @@ RECORD = {"id": "p0-0", "prompt": "Question: Where was Nelvorbax born?\nAnswer: 
 
 @pytest.mark.slow  # the tokenizer of the trained fixture model
 def test_closed_records_clean_answers_ride_held_those_ridden_longest_ago_first(tokenizer):
-    from tests.engine.methods.masc.test_stop_policy import scripted, tokens
+    from tests.engine.methods.masc.scripted_rule import scripted, tokens
 
     records = [encode_record({**RECORD, "id": rid}, tokenizer, max_length=64, seed=0) for rid in "abcde"]
     start = RECORD["completion"].index("Tallinn")
@@ -99,7 +99,7 @@ def test_closed_records_clean_answers_ride_held_those_ridden_longest_ago_first(t
 def test_answers_are_pinned_only_once_a_confirmation_has_failed(tokenizer):
     """A run that fires at its first confirmation never pins (a single request pays nothing); after a failed one the
     policy pins pin_answers answers a step; none without lambda_keep."""
-    from tests.engine.methods.masc.test_stop_policy import rule_over, scripted, tokens
+    from tests.engine.methods.masc.scripted_rule import rule_over, scripted, tokens
 
     record = encode_record(RECORD, tokenizer, max_length=64, seed=0)
     looping = scripted(tokenizer, record, tokens(tokenizer, [" teal", " amber", " teal", " amber", " teal", " amber"]))
