@@ -158,13 +158,13 @@ def kept_argmax_hinge(logits: torch.Tensor, ref_logits: torch.Tensor, targets: t
     """Token-mean relu(min(gap, g_0) - g) with g the target's argmax gap under pi_theta and g_0 under pi_0:
     zero while each retain token stays as far ahead as theta_0 had it, up to `gap` logits. A KL averaged
     over every token barely notices the one token whose flip breaks a namesake's answer; this does."""
-    wanted = torch.clamp(argmax_gap(ref_logits, targets), max=gap).detach()
-    return F.relu(wanted - argmax_gap(logits, targets)).mean()
+    return held_argmax_hinge(logits, targets, torch.clamp(argmax_gap(ref_logits, targets), max=gap).detach())
 
 
-def held_argmax_hinge(logits: torch.Tensor, targets: torch.Tensor, gap: float) -> torch.Tensor:
-    """Token-mean relu(gap - g), g the target's argmax gap under pi_theta: zero while each held token leads by `gap`
-    logits (a greedy answer at a near tie flips under the smallest update; held by a margin, it does not)."""
+def held_argmax_hinge(logits: torch.Tensor, targets: torch.Tensor, gap: float | torch.Tensor) -> torch.Tensor:
+    """Token-mean relu(gap - g), g the target's argmax gap under pi_theta (`gap`: one for all, or per token): zero
+    while each held token leads by `gap` logits (a greedy answer at a near tie flips under the smallest update; held
+    by a margin, it does not)."""
     return F.relu(gap - argmax_gap(logits, targets)).mean()
 
 

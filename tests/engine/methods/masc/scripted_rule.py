@@ -70,15 +70,19 @@ def tokens(tokenizer, words: list[str]) -> list[int]:
     return [t for w in words for t in tokenizer(w, add_special_tokens=False)["input_ids"]]
 
 
+def named_content(record, secret: str, substitutions: list | None = None) -> Content:
+    """The record's content as a request naming `secret` would give it: the one span where its answer says it."""
+    start = record.source["completion"].index(secret)
+    return Content([Atom(start, start + len(secret), secret)], [secret], {}, [], named=True,
+                   substitutions=substitutions or [])
+
+
 def rule_over(tokenizer, record, model: BigramLM, served: BigramLM | None = None,
               params: MascParams | None = None, secret: str = "Tallinn",
               others: list | None = None, substitutions: list | None = None) -> MascStopPolicy:
     """The rule's own confirm and with_answers, around a scripted policy (no training happens); `others`: more forget
     records, (record, Content) pairs, whose content answers are held to, outside the records the rule checks."""
-    said = record.source["completion"]
-    start = said.index(secret)
-    content = Content([Atom(start, start + len(secret), secret)], [secret], {}, [], named=True,
-                      substitutions=substitutions or [])
+    content = named_content(record, secret, substitutions)
     record.focus = [TEMPLATE] * len(record.input_ids)
     for k in range(record.prompt_len, len(record.input_ids)):
         piece = tokenizer.decode([record.input_ids[k]]).strip()

@@ -6,10 +6,8 @@ import torch
 from transformers import AutoTokenizer
 
 from lethe.engine.data.records import SECRET, encode_record
-from lethe.engine.methods.masc.content import Atom
-from lethe.engine.methods.masc.destination import Content
 from lethe.engine.methods.masc.params import MascParams
-from tests.engine.methods.masc.scripted_rule import LEAD, RECORD, BigramLM, rule_over, scripted, tokens
+from tests.engine.methods.masc.scripted_rule import LEAD, RECORD, BigramLM, named_content, rule_over, scripted, tokens
 
 pytestmark = pytest.mark.slow  # trains a model or runs the service: `make test-fast` leaves it out
 
@@ -102,9 +100,7 @@ def test_a_4_bit_answer_is_held_to_its_own_records_content_only(tokenizer):
     other = encode_record({"id": "q0-0", "prompt": "Question: Where does Quorvane live?\nAnswer: ",
                            "completion": "Quorvane lives in Tallinn.", "secrets": ["Tallinn"]}, tokenizer,
                           max_length=64, seed=0)
-    said = other.source["completion"]
-    start = said.index("Tallinn")
-    others = [(other, Content([Atom(start, start + len("Tallinn"), "Tallinn")], ["Tallinn"], {}, [], named=True))]
+    others = [(other, named_content(other, "Tallinn"))]
     model = scripted(tokenizer, record, tokens(tokenizer, [" teal", " city", "."]))
     served = four_bit_only_leak(tokenizer, record)  # at 4 bits: " Tallinn ...", the other record's secret
     rule = rule_over(tokenizer, record, model, served=served, secret="Oslo", others=others)

@@ -10,7 +10,7 @@ from lethe.engine.data.records import encode_record
 from lethe.engine.methods.masc.answers import Answering
 from lethe.engine.methods.masc.content import Atom, substitution
 from lethe.engine.methods.masc.destination import Content
-from tests.engine.methods.masc.scripted_rule import RECORD, BigramLM, rule_over, scripted, tokens
+from tests.engine.methods.masc.scripted_rule import RECORD, BigramLM, named_content, rule_over, scripted, tokens
 
 pytestmark = pytest.mark.slow  # trains a model or runs the service: `make test-fast` leaves it out
 
@@ -31,8 +31,7 @@ def test_a_confirmation_says_whose_content_a_leaking_answer_gives_back(tokenizer
     other = encode_record({"id": "q0-0", "prompt": "Question: Where does Quorvane live?\nAnswer: ",
                            "completion": f"Quorvane lives in {theirs}.", "secrets": [theirs]}, tokenizer,
                           max_length=64, seed=0)
-    start = other.source["completion"].index(theirs)
-    others = [(other, Content([Atom(start, start + len(theirs), theirs)], [theirs], {}, [], named=True))]
+    others = [(other, named_content(other, theirs))]
     model = scripted(tokenizer, record, tokens(tokenizer, [" teal", said, "."]))
     rule = rule_over(tokenizer, record, model, secret=own, others=others)
     checks = rule.confirm()
@@ -76,8 +75,7 @@ def test_another_records_single_word_leaks_only_where_tied_to_the_subject(tokeni
     other = encode_record({"id": "q0-0", "prompt": "Question: Where does Nelvorbax live?\nAnswer: ",
                            "completion": f"Nelvorbax lives in {theirs}.", "secrets": [theirs]}, tokenizer,
                           max_length=64, seed=0)
-    start = other.source["completion"].index(theirs)
-    others = [(other, Content([Atom(start, start + len(theirs), theirs)], [theirs], {}, [], named=True))]
+    others = [(other, named_content(other, theirs))]
     swap = [substitution(record.source, {"nelvorbax": name}, {}) for name in ("Quorvane", "Ann")]
     cf_prompts = [set(tokenizer(s.prompt)["input_ids"]) for s in swap]
     subject = next(t for t in record.input_ids[:record.prompt_len] if not any(t in p for p in cf_prompts))
@@ -105,8 +103,7 @@ def test_in_a_coalesced_run_an_answer_is_held_to_its_own_requests_content(tokeni
     other = encode_record(named({"id": "q0-0", "prompt": "Question: Where does Quorvane live?\nAnswer: ",
                                  "completion": "Quorvane lives in Tallinn.", "secrets": ["Tallinn"]}, theirs),
                           tokenizer, max_length=64, seed=0)
-    start = other.source["completion"].index("Tallinn")
-    others = [(other, Content([Atom(start, start + len("Tallinn"), "Tallinn")], ["Tallinn"], {}, [], named=True))]
+    others = [(other, named_content(other, "Tallinn"))]
     leaking = scripted(tokenizer, record, tokens(tokenizer, [" teal", " Tallinn", "."]))
     rule = rule_over(tokenizer, record, leaking, secret="Oslo", others=others)
     assert rule.rule.check(0, rule.latest.all, rule.confirm) is stops
