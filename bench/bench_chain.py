@@ -10,6 +10,7 @@ but the versions where `--versions` names a folder.
     python -m bench.bench_chain --requests 3                                 # the default job
     python -m bench.bench_chain --requests 3 --params '{"number_tokens": "all"}'
     python -m bench.bench_chain --requests 3 --anchor start                  # each run anchored to its start
+    python -m bench.bench_chain --requests 3 --anchor turns                  # root for requests 2, 4, ...
     python -m bench.bench_chain --requests 10 --versions bench/.fixtures/chain  # resumable: versions kept
     python -m bench.bench_chain --requests 3 --relearn                       # and each own set after relearning
     python -m bench.bench_chain --requests 2 --params-from 2 --params '{"lora_r": 4}' --versions DIR
@@ -82,13 +83,19 @@ def composed(root: Path, own: list[Path], out: Path) -> None:
     AutoTokenizer.from_pretrained(root).save_pretrained(out)
 
 
+def anchored_to_root(request: int, anchor: str) -> bool:
+    """Whether request `request` (1-based) anchors its retain term to the root; request 1 starts from the root."""
+    return request > 1 and (anchor == "root" or (anchor == "turns" and request % 2 == 0))
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.bench_chain")
     parser.add_argument("--requests", type=int, default=3, help="how many of the ten pairs, in order")
     parser.add_argument("--params", default="{}", help="MASC parameters as JSON for every request (default: none)")
-    parser.add_argument("--anchor", choices=("root", "start"), default="root",
-                        help="the retain term's reference: the root, as the service anchors it, or each run's start "
-                             "version (as before issue 28), to compare")
+    parser.add_argument("--anchor", choices=("root", "start", "turns"), default="root",
+                        help="the retain term's reference: the root, as the service anchors it, each run's start "
+                             "version (as before issue 28), or by turns: the root for even-numbered requests, the "
+                             "start for odd ones, to compare")
     parser.add_argument("--versions", type=Path, default=None,
                         help="keep each version in this folder (v2, v3, ...) and reuse those it holds, so that a "
                              "stopped chain goes on where it stopped (default: a temporary folder)")
@@ -138,7 +145,7 @@ def main(argv: list[str] | None = None) -> None:
                 if reused:
                     raise SystemExit(f"--params-from {args.params_from}: {made} must already hold request {i + 1}")
                 run_into(made, Path(root) if args.from_root else start, forget, retain, overrides, args.device,
-                         anchor=str(root) if i and args.anchor == "root" and not args.from_root else None)
+                         anchor=str(root) if anchored_to_root(i + 1, args.anchor) and not args.from_root else None)
             result = json.loads((made / RUN_FILE).read_text())
             if result["params"] != overrides and not reused:
                 raise SystemExit(f"{made} was made with {result['params']}, not {overrides}: use another --versions")
