@@ -125,6 +125,7 @@ def test_result_records_the_run(unlearned, forget_records):
     assert r["peak_memory"]["bytes"] > 0 and r["wall_seconds"] > 0
     assert 0 < r["timing"]["stop_check_seconds"] < r["wall_seconds"]
     assert r["neighbours"]["count"] > 0 and r["counts"] == {"forget": 10, "retain": 30, "holdout": 0}
+    assert r["own_text"] is None  # off by default
     bound = r["bound"]
     assert [b["id"] for b in bound["per_record"]] == [f["id"] for f in forget_records]
     for b in bound["per_record"]:

@@ -32,6 +32,7 @@ class RuleEvidence:
     lora: dict
     secrets: dict
     retain_term: str
+    own_text: dict | None = None  # the start model's samples the retain term kept (None: off or no retain records)
 
 
 @dataclass

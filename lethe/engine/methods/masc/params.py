@@ -125,6 +125,14 @@ class MascParams(SharedParams):
                                    ge=0, le=1)
     neighbour_fraction: float = param(0.25, "the nearest neighbours: this top share of retain records by "
                                             "similarity", gt=0, le=1)
+    # Issue 28: every run of a stream wore down what no retain record holds (lethe.engine.methods.masc.own_text).
+    own_text_samples: int = param(0, "texts the start model writes before training (seeded, temperature 1, after "
+                                       "the retain records' shared opening), less those that say a word only the "
+                                       "forget records say; retain batches draw own_text_share of their rows from "
+                                       "them, so the retain term also keeps what no retain record holds", ge=0,
+                                  le=4096, note="0: off (the default: see the README); no retain records: off")
+    own_text_share: float = param(0.25, "share of retain rows drawn from the own-text samples", ge=0, le=1)
+    own_text_tokens: int = param(64, "tokens each own-text sample writes at most", ge=2, le=1024)
     # The online stop rule (lethe.engine.methods.masc.stop_rule): V <= alpha, and per record v_i <= c_i and no greedy
     # reproduction.
     alpha: float | str = param("auto", "the rule's target for V = mean_i v_i; \"auto\": calibrated on theta_0's "

@@ -27,6 +27,7 @@ from lethe.engine.methods.masc.content import said_template
 from lethe.engine.methods.masc.destination import Content, content_summary, plan_contents, record_targets
 from lethe.engine.methods.masc.neighbours import RetainSampler, nearest, neighbour_scores
 from lethe.engine.methods.masc.objective import Masc, checks_of
+from lethe.engine.methods.masc.own_text import own_text_rows
 from lethe.engine.methods.masc.params import MascParams
 from lethe.engine.methods.masc.quantized_check import QUANTIZED, quantized_leaks
 from lethe.engine.methods.masc.replay import GREEDY, REPLAYED, Replays
@@ -127,6 +128,8 @@ class MascStopPolicy:
         scores = neighbour_scores(forget, retain) if retain else []
         self.neighbours = nearest(scores, params.neighbour_fraction) if retain else []
         self.sampler = RetainSampler(retain, self.neighbours, params.neighbour_share, self.rng) if retain else None
+        self.own_text, self.own_text_summary = own_text_rows(self.trainable.model, run.tokenizer, forget, retain,
+                                                             params)
         self.stream = ForgetStream(self.train_set, params.batch_size, self.rng)
         # With content suppression also escalate when the pace is too slow to fire by pace_steps (a span's probability
         # falls steadily but slowly); max_steps leaves room past it for a run the ceiling holds back (issue 28). Not
@@ -301,8 +304,9 @@ class MascStopPolicy:
                                         (lambda rid: not self.is_open(rid)) if self.train_mode else None)
         forget_batch = collate(chosen + extra, pad).to(dev) if chosen or extra else None
         self.repair_steps += forget_batch is None
-        retain_batch = collate(self.sampler.sample(params.retain_batch_size or params.batch_size), pad).to(dev) \
-            if self.sampler else None
+        retain_rows = self.sampler.sample(params.retain_batch_size or params.batch_size) if self.sampler else []
+        retain_batch = collate(self.own_text.mix(retain_rows) if self.own_text else retain_rows, pad).to(dev) \
+            if retain_rows else None
         self.chosen = chosen
         yield forget_batch, retain_batch
 
@@ -387,7 +391,8 @@ class MascStopPolicy:
             repair_steps=self.repair_steps, escalations=self.escalation.trace, lora=self.trainable.describe(),
             secrets=content_summary(self.contents, params, len(forget), len(self.located),
                                     self.replays.replayed_ids if self.replays is not None else []),
-            retain_term="none (no retain records)" if not retain else params.retain_loss)
+            retain_term="none (no retain records)" if not retain else params.retain_loss,
+            own_text=self.own_text_summary)
         bound = exact_reproduction_bound(params.rho, params.beta, [
             {"id": r["id"], "violation": r["violation"], "active_tokens": r["active_tokens"]} for r in per_record])
         return Measured(mean_violation(val_checks), per_record, bound, self.val_info,
