@@ -47,6 +47,9 @@ class Answer:
     untied: bool = False  # said other records' single words, none tied to its subject: no leak (subject_tie)
 
 
+# A word the model says about someone else in answers for this many of a request's records is vocabulary, not a fact
+# (Answering.hold_chance_words): one record's answer about someone else can still be a confusion with the record.
+CHANCE_RECORDS = 2
 ANSWER_SLACK = 16  # new tokens past the longest answer that an answer may take
 
 
@@ -145,6 +148,7 @@ class Answering:
         `min_gain`: the gain by which another record's single word said in an answer is tied to its subject."""
         self.min_gain = min_gain
         self.by_id = {r.id: r for r in records}
+        self.about_others: dict[str, list[str]] = {}  # per record, theta_0's greedy answers about someone else
         self.template = template
         self.contents, self.tokenizer, self.max_length = contents, tokenizer, max_length
         self.budget = answer_budget(records, max_length)
@@ -297,8 +301,26 @@ class Answering:
         if not asked:
             return {}
         said = continuations(model, self.tokenizer, [ids for *_, ids in asked], max_new_tokens=self.budget)
-        return {(rid, kind): is_loop(self.tokenizer.decode(tokens, skip_special_tokens=True))
-                for (rid, kind, _), tokens in zip(asked, said)}
+        texts = [self.tokenizer.decode(tokens, skip_special_tokens=True) for tokens in said]
+        for (rid, _, _), text in zip(asked, texts):
+            self.about_others.setdefault(rid, []).append(text)
+        return {(rid, kind): is_loop(text) for (rid, kind, _), text in zip(asked, texts)}
+
+    def hold_chance_words(self) -> int:
+        """Drop from each request's spans (and from the words its replays suppress) every single word that the model
+        says, asked the request's questions about someone else (`about_others`, filled by loops_about_others), in its
+        answers for at least CHANCE_RECORDS of the request's records: vocabulary any answer to such a question says
+        ("mother", "literature"), not anyone's fact, as a span a kept record says is not. A number or a phrase of
+        several words always counts. Returns how many spans were dropped."""
+        dropped = 0
+        for request, spans in self.spans_of.items():
+            answers = [texts for rid, texts in self.about_others.items() if request_of(self.by_id[rid]) == request]
+            chance = {s for s in spans if single_word(s)
+                      and sum(any(leaks(s, t) for t in texts) for texts in answers) >= CHANCE_RECORDS}
+            self.spans_of[request] = [s for s in spans if s not in chance]
+            self.content_words_of[request] -= {w for s in chance for w in normalised(s).split()}
+            dropped += len(chance)
+        return dropped
 
     @torch.no_grad()
     def set_targets(self, examples: list[EncodedRecord], reference: Callable, device, draw: int,

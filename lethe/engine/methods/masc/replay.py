@@ -28,6 +28,7 @@ class Replays:
         # Where a loop is not held against the erasure (see start).
         self.base_loops: set[tuple[str, str]] = set()
         self.loop_chance = 0.0  # per record, of a loop neither excuses (see start)
+        self.chance_words = 0  # single content words said about anyone, no longer held against an answer (see start)
         self.leaked_own: dict[str, bool] = {}  # per record whose latest judged greedy answers leak: its own content?
         self.untied: set[str] = set()  # records whose latest judged greedy answers said only untied words of others
         self.rides = 0  # forget batches ridden so far
@@ -38,11 +39,14 @@ class Replays:
         (a loop the erasure did not make), or on the same question about someone else (a model that never saw the
         record would loop there too: mini-TOFU's retrain reference loops in a fifth of its answers). Then the chance
         that a record loops where neither excuses it (`loop_chance`): asked about a second someone else, the share of
-        records whose answer loops where the first two did not."""
+        records whose answer loops where the first two did not. And the single content words any answer about someone
+        else says (Answering.hold_chance_words), which no answer is held to."""
         self.base_loops = self.answering.natural_loops(model, records, GREEDY)
+        second = self.answering.loops_about_others(model, records, GREEDY, draw=1)
+        # Both draws' answers about someone else say which single words are anyone's: judged before any answer is.
+        self.chance_words = self.answering.hold_chance_words()
         answers = self._ask(model, records)
         self.base_loops |= {(a.record_id, a.kind) for a in answers if a.looped and a.kind in GREEDY}
-        second = self.answering.loops_about_others(model, records, GREEDY, draw=1)
         fresh: dict[str, bool] = {}
         for (rid, kind), looped in second.items():
             if (rid, kind) not in self.base_loops:

@@ -376,6 +376,7 @@ class MascStopPolicy:
             "applied": self.train_mode, "ceilings": summary["ceilings"], "holdout_v": summary.get("holdout_v"),
             "records_meeting_condition": len(per_record) - len(failing), "failing_ids": failing,
             "loop_chance": erasure.loop_chance,  # and each request's allowance, summed
+            "chance_words": self.replays.chance_words if self.replays else 0,  # single words said about anyone
             "loop_allowance": sum(erasure.loop_allowances([r.id for r in forget]).values()),
             "served_checks": self.served_checks, "sample_checks": self.sample_checks[-20:],
             # The V the rule compares with alpha: over the records without located content (None: none).

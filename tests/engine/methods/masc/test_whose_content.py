@@ -7,7 +7,7 @@ import torch
 from transformers import AutoTokenizer
 
 from lethe.engine.data.records import encode_record
-from lethe.engine.methods.masc.answers import Answering
+from lethe.engine.methods.masc.answers import CHANCE_RECORDS, Answering
 from lethe.engine.methods.masc.content import Atom, substitution
 from lethe.engine.methods.masc.destination import Content
 from tests.engine.methods.masc.scripted_rule import RECORD, BigramLM, named_content, rule_over, scripted, tokens
@@ -134,3 +134,29 @@ def test_an_answer_is_held_to_every_records_content_but_its_own_template(tokeniz
     assert answering.spans_for(prize, "Question: Which prize did Ann win in Riga?") == ["French"]  # given
 
 
+
+
+def test_a_single_word_said_about_someone_else_for_two_records_is_vocabulary_not_content(tokenizer):
+    """Issue 28: request 10 of the chain, with only world facts left to retain, held "mother" and "literature" against
+    answers as content. A single word theta_0 says asked about someone else, for at least CHANCE_RECORDS records of
+    the request, is dropped from the spans and from the words replays suppress; numbers, phrases, and a word said
+    about someone else for one record only (a confusion with it) still count."""
+    records = [encode_record({"id": f"r{i}", "prompt": f"Question: What did Ann do ({i})?\nAnswer: ",
+                              "completion": "Ann's mother wrote literature in Riga Town in 1977."},
+                             tokenizer, max_length=64, seed=0) for i in range(3)]
+    said = records[0].source["completion"]
+
+    def span(text):
+        return Atom(said.index(text), said.index(text) + len(text), text)
+
+    atoms = [span("mother"), span("literature"), span("Riga"), span("Town"), span("1977")]
+    contents = {r.id: Content(atoms, ["mother", "literature", "Riga Town", "1977", "Riga"], {}, [], named=False)
+                for r in records}
+    answering = Answering(records, contents, tokenizer, 64)
+    assert CHANCE_RECORDS == 2
+    answering.about_others = {"r0": ["Bo's mother wrote literature in 1977 in Riga Town.", "Riga."],
+                              "r1": ["His mother, a literature teacher."], "r2": ["Nothing."]}
+    assert answering.hold_chance_words() == 2  # "Riga" only for r0; "Riga Town" and "1977" are not single words
+    assert answering.spans_of[None] == ["Riga Town", "1977", "Riga"]
+    assert answering.content_words_of[None] == {"riga", "town"}
+    assert answering.spans_for(records[0], records[0].source["prompt"]) == ["Riga Town", "1977", "Riga"]
